@@ -1,0 +1,136 @@
+"""Joins model and strategy into an abstract, sharded train step ready to lower.
+
+Nothing is allocated: parameters, optimizer state and the batch are ``ShapeDtypeStruct``s.
+Parameters and AdamW moments are sharded FSDP-style over every device of the target
+(each array along its largest dimension that the device count divides); the batch is
+split over the devices; activations are kept batch-sharded at every layer boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from memprobe.errors import BadInput
+from memprobe.model import ModelConfig, Transformer
+from memprobe.plan import CompileJob, Step
+from memprobe.targets import Target
+
+AXIS = "fsdp"
+
+
+def make_devices(target: Target) -> list:
+    """Compile-only devices for a TPU topology, or the local CPU devices."""
+    if target.platform == "tpu":
+        from jax.experimental import topologies
+
+        kwargs = {"chip_config_name": target.chip_config} if target.chip_config else {}
+        try:
+            desc = topologies.get_topology_desc(platform="tpu", topology_name=target.topology, **kwargs)
+        except Exception as e:  # libtpu's own words for a topology it rejects
+            raise BadInput(f"--topology: libtpu rejects {target.topology!r}: "
+                           f"{str(e).strip().splitlines()[0]}") from None
+        devices = list(desc.devices)
+    else:
+        devices = jax.devices("cpu")
+    if len(devices) < target.num_devices:
+        raise BadInput(f"{target.name}: {target.num_devices} devices asked for, {len(devices)} available")
+    return devices[: target.num_devices]
+
+
+def fsdp_spec(shape: Sequence[int], num_devices: int) -> P:
+    """Shard the largest dimension the device count divides; replicate what cannot split."""
+    if num_devices == 1:
+        return P()
+    best = None
+    for axis, size in enumerate(shape):
+        if size % num_devices == 0 and size >= num_devices and (best is None or size > shape[best]):
+            best = axis
+    if best is None:
+        return P()
+    return P(*([None] * best + [AXIS]))
+
+
+@dataclasses.dataclass
+class AbstractStep:
+    """A jitted step and the abstract arguments to lower it with."""
+
+    fn: Callable
+    args: tuple
+    parameter_count: int
+
+    def lower(self):
+        return self.fn.lower(*self.args)
+
+
+def abstract_params(cfg: ModelConfig):
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(model, nnx.Param)
+    return graphdef, params
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    _, params = abstract_params(cfg)
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+
+
+def _with_sharding(tree, mesh: Mesh):
+    def one(x):
+        sharding = NamedSharding(mesh, fsdp_spec(x.shape, mesh.size))
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+    return jax.tree.map(one, tree)
+
+
+def make_optimizer() -> optax.GradientTransformation:
+    return optax.adamw(learning_rate=1e-4, b1=0.9, b2=0.95, weight_decay=0.1)
+
+
+def build_step(job: CompileJob, devices: list) -> AbstractStep:
+    cfg, shapes = job.model, job.shapes
+    mesh = Mesh(np.asarray(devices), (AXIS,))
+    graphdef, params = abstract_params(cfg)
+    params = _with_sharding(params, mesh)
+    runner = job.strategy.layer_runner()
+    act = NamedSharding(mesh, P(AXIS))
+    batch_sharding = NamedSharding(mesh, P(AXIS, None))
+    replicated = NamedSharding(mesh, P())
+
+    def constrain(x):
+        return jax.lax.with_sharding_constraint(x, act)
+
+    def loss_fn(p, tokens, targets):
+        model = nnx.merge(graphdef, p)
+        return model.loss(tokens, targets, loss_chunks=shapes.loss_chunks, runner=runner,
+                          constrain=constrain)
+
+    batch = jax.ShapeDtypeStruct((job.global_batch, shapes.seq_len), jnp.int32, sharding=batch_sharding)
+    p_shardings = jax.tree.map(lambda x: x.sharding, params)
+    count = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+
+    if job.step is Step.GRAD:
+        def grad_step(p, tokens, targets):
+            return jax.value_and_grad(loss_fn)(p, tokens, targets)
+
+        fn = jax.jit(grad_step, out_shardings=(replicated, p_shardings))
+        return AbstractStep(fn, (params, batch, batch), count)
+
+    optimizer = make_optimizer()
+    opt_state = _with_sharding(jax.eval_shape(optimizer.init, params), mesh)
+    o_shardings = jax.tree.map(lambda x: x.sharding, opt_state)
+
+    def train_step(p, o, tokens, targets):
+        loss, grads = jax.value_and_grad(loss_fn)(p, tokens, targets)
+        updates, o = optimizer.update(grads, o, p)
+        return optax.apply_updates(p, updates), o, loss
+
+    fn = jax.jit(train_step, out_shardings=(p_shardings, o_shardings, replicated), donate_argnums=(0, 1))
+    return AbstractStep(fn, (params, opt_state, batch, batch), count)

@@ -1,0 +1,37 @@
+"""Options shared by the commands that compile: one definition each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from memprobe.plan import DEFAULT_MODEL, Step
+from memprobe.targets import DEFAULT_TARGET
+
+Seq = Annotated[int, typer.Option("--seq", help="Sequence length (tokens per example).")]
+Batch = Annotated[int, typer.Option("--batch", help="Per-device batch (MaxText's per_device_batch_size).")]
+Model = Annotated[str, typer.Option("--model", help="Model preset; see `memprobe targets` for targets.")]
+Target = Annotated[str, typer.Option("--target", help="tpu7x, v6e, v5p, v5e, v4 (deviceless) or cpu.")]
+Devices = Annotated[int | None, typer.Option("--devices", help="Device count (default: the target's).")]
+Topology = Annotated[str | None, typer.Option("--topology", help="TPU topology, e.g. v5p:2x2x1.")]
+Strategies = Annotated[
+    str | None,
+    typer.Option("--strategies", help="Comma-separated strategies (default: the four families). "
+                 "The first is the baseline for deltas."),
+]
+StrategyFile = Annotated[
+    list[Path] | None, typer.Option("--strategy-file", help="A strategy TOML file of your own (repeatable).")
+]
+StrategiesDir = Annotated[
+    list[Path] | None, typer.Option("--strategies-dir", help="A directory of strategy TOML files (repeatable).")
+]
+LossChunks = Annotated[
+    int | None,
+    typer.Option("--loss-chunks", help="Sequence chunks the loss is computed in (default: chunks of <= 512 tokens)."),
+]
+StepKind = Annotated[Step, typer.Option("--step", help="train: forward, backward and AdamW update; grad: loss and gradients only.")]
+Timeout = Annotated[float, typer.Option("--timeout", help="Seconds one strategy's compile may take.")]
+
+DEFAULTS = {"model": DEFAULT_MODEL, "target": DEFAULT_TARGET}

@@ -1,0 +1,28 @@
+"""`memprobe strategies`: the catalogue with every knob."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from memprobe.cli import _options as o
+from memprobe.strategy import load_catalogue
+
+
+def list_strategies(strategy_file: o.StrategyFile = None, strategies_dir: o.StrategiesDir = None) -> int:
+    """List the built-in strategies (and your own files) with all their knobs."""
+    t = Table(title="memprobe strategies")
+    for col in ("name", "loop", "policy", "save", "offload", "shared K/V inside", "prevent_cse",
+                "trip-count-one", "source", "description"):
+        t.add_column(col)
+    for s in load_catalogue(strategy_file or (), strategies_dir or ()).values():
+        k = s.knobs()
+        t.add_row(s.name, k["loop"], k["policy"], ", ".join(k["save"]) or "-",
+                  ", ".join(k["offload"]) or "-", _yn(k["shared_kv_inside"]), _yn(k["prevent_cse"]),
+                  _yn(k["trip_count_one"]), s.source, s.description)
+    Console().print(t)
+    return 0
+
+
+def _yn(flag: bool) -> str:
+    return "yes" if flag else "no"

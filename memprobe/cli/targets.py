@@ -1,0 +1,24 @@
+"""`memprobe targets`: what can be compiled for, with per-device capacity."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from memprobe.targets import DEFAULT_TARGET, TPU_KINDS, resolve_target
+
+
+def list_targets() -> int:
+    """List compile targets: deviceless TPU kinds through libtpu, and the local CPU."""
+    t = Table(title="memprobe targets", caption="HBM: per device, as the TPU compiler enforces it "
+              "(GiB = 2^30 bytes). CPU figures do not stand for any accelerator.", caption_justify="left")
+    for col in ("target", "default topology", "devices", "devices/chip", "HBM GiB/device", "note"):
+        t.add_column(col)
+    for kind in TPU_KINDS.values():
+        tgt = resolve_target(kind.name)
+        note = ", ".join(x for x in (kind.note, "default" if kind.name == DEFAULT_TARGET else "") if x)
+        t.add_row(kind.name, tgt.topology, str(tgt.num_devices), str(kind.devices_per_chip),
+                  f"{kind.hbm_gib:.2f}", note)
+    t.add_row("cpu", "-", "1 (--devices N)", "-", "-", "XLA CPU backend, local")
+    Console().print(t)
+    return 0

@@ -1,0 +1,231 @@
+"""Compiles each job and reads the compiler's figures into a ``Measurement``.
+
+``compile_job`` works in the calling process. ``compile_jobs`` runs every job in a fresh
+process of its own: libtpu's start-up noise and XLA's logs go to a log file rather than
+the user's terminal, host memory is returned after each full-size compile, and a crash or
+error in one strategy becomes a failed row while the others still finish.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from memprobe.measure import Measurement
+from memprobe.plan import CompileJob
+from memprobe.targets import Target
+
+DEFAULT_TIMEOUT_S = 3600.0
+
+
+def compile_environment(target: Target, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment a compile process needs, set before JAX initialises."""
+    env = dict(os.environ if base is None else base)
+    env.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    # Several compile processes may hold libtpu at once (parallel jobs, tests).
+    env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    env.setdefault("TPU_STDERR_LOG_LEVEL", "3")
+    env.setdefault("TPU_MIN_LOG_LEVEL", "3")
+    # Deviceless compiles need no TPU runtime; the CPU platform is enough to trace.
+    env["JAX_PLATFORMS"] = "cpu"
+    # Over HBM the TPU compiler would stop; this flag lets it finish and report the peak.
+    flag = "--xla_tpu_no_crash_on_oom=true"
+    args = env.get("LIBTPU_INIT_ARGS", "")
+    if flag not in args:
+        env["LIBTPU_INIT_ARGS"] = f"{args} {flag}".strip()
+    if target.platform == "cpu":
+        flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={target.num_devices}".strip()
+    return env
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for pkg in ("memprobe", "jax", "jaxlib", "libtpu", "flax", "optax"):
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _base_record(job: CompileJob, **fields) -> Measurement:
+    t = job.target
+    return Measurement(
+        model=job.model.name,
+        strategy=job.strategy.name,
+        strategy_knobs=job.strategy.knobs(),
+        target=t.name,
+        platform=t.platform,
+        num_devices=t.num_devices,
+        topology=t.topology,
+        seq_len=job.shapes.seq_len,
+        batch_per_device=job.shapes.batch_per_device,
+        loss_chunks=job.shapes.loss_chunks,
+        step=job.step.value,
+        capacity_bytes=t.hbm_bytes,
+        versions=versions(),
+        **fields,
+    )
+
+
+def failed_record(job: CompileJob, reason: str) -> Measurement:
+    return _base_record(job, status="failed", error=reason)
+
+
+def one_line(text: str, limit: int = 240) -> str:
+    """The first informative line of an error, trimmed."""
+    for line in str(text).strip().splitlines():
+        line = line.strip()
+        if line and not line.startswith(("Traceback", "File ", "===")):
+            return line if len(line) <= limit else line[: limit - 3] + "..."
+    return "unknown error"
+
+
+def compile_job(job: CompileJob, keep_hlo: bool = False) -> Measurement | tuple[Measurement, str]:
+    """Lowers and compiles one job in this process; JAX must already be configured."""
+    from memprobe.build import build_step, make_devices
+
+    devices = make_devices(job.target)
+    t0 = time.perf_counter()
+    step = build_step(job, devices)
+    lowered = step.lower()
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, list):  # older JAX returned one dict per program
+        cost = cost[0] if cost else {}
+    hlo = compiled.as_text() or ""
+    record = _base_record(
+        job,
+        argument_bytes=int(mem.argument_size_in_bytes),
+        output_bytes=int(mem.output_size_in_bytes),
+        alias_bytes=int(mem.alias_size_in_bytes),
+        temp_bytes=int(mem.temp_size_in_bytes),
+        generated_code_bytes=int(mem.generated_code_size_in_bytes),
+        host_argument_bytes=int(mem.host_argument_size_in_bytes),
+        host_output_bytes=int(mem.host_output_size_in_bytes),
+        host_alias_bytes=int(mem.host_alias_size_in_bytes),
+        host_temp_bytes=int(mem.host_temp_size_in_bytes),
+        host_generated_code_bytes=int(mem.host_generated_code_size_in_bytes),
+        xla_peak_bytes=int(getattr(mem, "peak_memory_in_bytes", 0)) or None,
+        flops=float(cost["flops"]) if "flops" in cost else None,
+        lower_seconds=round(t1 - t0, 3),
+        compile_seconds=round(t2 - t1, 3),
+        parameter_count=step.parameter_count,
+        while_loops=len(re.findall(r"\bwhile\(", hlo)),
+    )
+    return (record, hlo) if keep_hlo else record
+
+
+def _worker_main(job_path: str, result_path: str) -> int:
+    """Entry point of a compile process (``python -m memprobe.compile``): one job, one reply."""
+    with open(job_path, "rb") as f:
+        job = pickle.load(f)
+    try:
+        reply = {"status": "ok", "measurement": compile_job(job).to_dict()}
+    except BaseException as e:  # noqa: BLE001 - every failure becomes a row, never a traceback
+        import traceback
+
+        traceback.print_exc()
+        reply = {"status": "error", "error": f"{type(e).__name__}: {one_line(str(e)) if str(e) else 'no message'}"}
+    tmp = result_path + ".part"
+    with open(tmp, "w") as f:
+        json.dump(reply, f)
+    os.replace(tmp, result_path)
+    return 0
+
+
+def _log_reason(log_path: str) -> str:
+    try:
+        lines = [l for l in Path(log_path).read_text(errors="replace").splitlines() if l.strip()]
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if any(k in line for k in ("Error", "error", "RESOURCE_EXHAUSTED", "Killed")):
+            return one_line(line)
+    return ""
+
+
+Event = Callable[[int, str, float], None]
+
+
+def compile_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
+                     tick: Callable[[float], None] | None = None) -> Measurement:
+    """Compiles ``job`` in a fresh Python process; every way it can fail becomes a failed record.
+
+    The child's stdout and stderr (libtpu's start-up warnings, XLA's logs) go to a log
+    file that only serves to explain a failure.
+    """
+    with tempfile.TemporaryDirectory(prefix="memprobe-") as tmp:
+        job_path, result_path, log_path = (os.path.join(tmp, n) for n in ("job.pkl", "result.json", "compile.log"))
+        with open(job_path, "wb") as f:
+            pickle.dump(job, f)
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "memprobe.compile", job_path, result_path],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=compile_environment(job.target), start_new_session=True,
+            )
+            start = time.monotonic()
+            try:
+                while proc.poll() is None:
+                    elapsed = time.monotonic() - start
+                    if tick:
+                        tick(elapsed)
+                    if elapsed > timeout_s:
+                        proc.kill()
+                        proc.wait()
+                        return failed_record(job, f"timed out after {timeout_s:.0f} s")
+                    try:
+                        proc.wait(timeout=0.25)
+                    except subprocess.TimeoutExpired:
+                        pass
+            finally:
+                if proc.poll() is None:  # interrupted: leave no compile running
+                    proc.kill()
+                    proc.wait()
+        if os.path.exists(result_path):
+            with open(result_path) as f:
+                reply = json.load(f)
+            if reply["status"] == "ok":
+                return Measurement.from_dict(reply["measurement"])
+            return failed_record(job, reply["error"])
+        code = proc.returncode
+        why = _log_reason(log_path)
+        if code < 0:
+            sig = -code
+            what = "was killed (SIGKILL; out of host memory?)" if sig == 9 else f"died on signal {sig}"
+            return failed_record(job, f"compile process {what}" + (f": {why}" if why else ""))
+        return failed_record(job, f"compile process exited with code {code}" + (f": {why}" if why else ""))
+
+
+def compile_jobs(jobs: list[CompileJob], *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 on_event: Event | None = None) -> list[Measurement]:
+    """Compiles jobs one after another, each isolated; results keep the jobs' order."""
+    results = []
+    for i, job in enumerate(jobs):
+        if on_event:
+            on_event(i, "compiling", 0.0)
+        tick = (lambda e, i=i: on_event(i, "compiling", e)) if on_event else None
+        m = compile_isolated(job, timeout_s, tick)
+        if on_event:
+            on_event(i, "done" if m.ok else "failed", (m.compile_seconds or 0.0))
+        results.append(m)
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,95 @@
+"""The measurement record: all that renderers and the gate ever see.
+
+Every byte figure is the compiler's estimate from ``Compiled.memory_analysis()``, per
+device. ``peak_bytes`` is the figure memprobe ranks by:
+
+    peak_bytes = argument + output - alias + temp
+
+which is what the TPU compiler checks against HBM when it decides whether a program
+fits (its out-of-memory message quotes this total). XLA's own ``peak_memory_in_bytes``
+is kept beside it as ``xla_peak_bytes``: on TPU it can be several GiB lower, and on the
+CPU backend it counts only arguments and outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Measurement:
+    model: str
+    strategy: str
+    strategy_knobs: dict[str, Any]
+    target: str
+    platform: str
+    num_devices: int
+    topology: str | None
+    seq_len: int
+    batch_per_device: int
+    loss_chunks: int
+    step: str
+    status: str = "ok"  # "ok" or "failed"
+    error: str | None = None
+    argument_bytes: int = 0
+    output_bytes: int = 0
+    alias_bytes: int = 0
+    temp_bytes: int = 0
+    generated_code_bytes: int = 0
+    host_argument_bytes: int = 0
+    host_output_bytes: int = 0
+    host_alias_bytes: int = 0
+    host_temp_bytes: int = 0
+    host_generated_code_bytes: int = 0
+    xla_peak_bytes: int | None = None
+    capacity_bytes: int | None = None
+    flops: float | None = None
+    lower_seconds: float | None = None  # tracing and lowering to HLO
+    compile_seconds: float | None = None  # XLA's compile alone
+    parameter_count: int | None = None
+    while_loops: int | None = None
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def peak_bytes(self) -> int:
+        """Per-device peak HBM (compiler estimate): argument + output - alias + temp."""
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Host (pinned) memory the program holds: offloaded residuals and the like."""
+        return (self.host_argument_bytes + self.host_output_bytes - self.host_alias_bytes
+                + self.host_temp_bytes)
+
+    @property
+    def fits(self) -> bool | None:
+        if not self.ok or self.capacity_bytes is None:
+            return None
+        return self.peak_bytes <= self.capacity_bytes
+
+    @property
+    def stands_for_accelerator(self) -> bool:
+        return self.platform != "cpu"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["peak_bytes"] = self.peak_bytes if self.ok else None
+        d["host_bytes"] = self.host_bytes if self.ok else None
+        d["fits"] = self.fits
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Measurement":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def gib(n: int | float | None) -> str:
+    return "-" if n is None else f"{n / GIB:.2f}"

@@ -1,0 +1,159 @@
+"""The Gemma 4 small decoder: embeddings, per-layer embeddings, the layer loop, chunked loss.
+
+The model knows nothing of remat strategies. Its layer loop (``Transformer.decode``) hands
+each layer to a ``LayerRunner`` as pure functions of the layer's parameter state; a
+strategy decides how to call them (directly, under ``jax.checkpoint``, inside a scan).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from memprobe.model._config import ModelConfig
+from memprobe.model._modules import Block, RMSNorm, _param
+
+KV = tuple[jax.Array, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerStep:
+    """One decoder layer as pure functions of its parameter ``state``.
+
+    ``forward(state, x, per_layer_input, kv)`` returns (output, kv); with ``kv`` None the
+    layer computes its own K/V. ``key_value(state, x)`` computes only the K/V, which a
+    donor layer hands to the KV-shared layers.
+    """
+
+    index: int
+    is_donor: bool
+    is_kv_shared: bool
+    state: Any
+    forward: Callable[..., tuple[jax.Array, KV]]
+    key_value: Callable[[Any, jax.Array], KV]
+
+
+class LayerRunner(Protocol):
+    def __call__(self, step: LayerStep, x: jax.Array, per_layer_input: jax.Array,
+                 kv: KV | None) -> tuple[jax.Array, KV]: ...
+
+
+def run_directly(step: LayerStep, x, per_layer_input, kv):
+    """The runner with no remat: every layer is called as written."""
+    return step.forward(step.state, x, per_layer_input, kv)
+
+
+def _identity(x):
+    return x
+
+
+class Transformer(nnx.Module):
+    """Gemma 4 small, text only. ``activation_dtype`` is what matmuls and activations use."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, activation_dtype=jnp.bfloat16):
+        self.cfg = cfg
+        self.activation_dtype = activation_dtype
+        v, d, n_layers, p = cfg.vocab_size, cfg.width, cfg.num_layers, cfg.per_layer_dim
+        self.embedding = _param(rngs, (v, d))
+        self.ple_table = _param(rngs, (v, n_layers * p))
+        self.ple_model_proj = _param(rngs, (d, n_layers * p))
+        self.ple_proj_norm = RMSNorm(p, rngs=rngs)
+        self.layers = nnx.List([Block(cfg, i, rngs=rngs) for i in range(n_layers)])
+        self.final_norm = RMSNorm(d, rngs=rngs)
+
+    def embed(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Token embeddings [B, T, D] and per-layer inputs [B, T, L, P]."""
+        cfg, dt = self.cfg, self.activation_dtype
+        x = self.embedding[...][tokens].astype(dt) * jnp.asarray(math.sqrt(cfg.width), dt)
+        b, t = tokens.shape
+        proj = jnp.einsum("btd,dq->btq", x, self.ple_model_proj[...].astype(dt))
+        proj = proj.reshape(b, t, cfg.num_layers, cfg.per_layer_dim)
+        # The projection was scaled by 1/sqrt(width) at init in the reference; the table
+        # lookup is scaled by sqrt(per_layer_dim). Both halves are averaged.
+        proj = self.ple_proj_norm(proj * jnp.asarray(cfg.width ** -0.5, dt))
+        table = self.ple_table[...][tokens].astype(dt).reshape(b, t, cfg.num_layers, cfg.per_layer_dim)
+        table = table * jnp.asarray(math.sqrt(cfg.per_layer_dim), dt)
+        return x, (proj + table) * jnp.asarray(2 ** -0.5, dt)
+
+    def decode(self, x, per_layer_inputs, positions, runner: LayerRunner = run_directly,
+               constrain: Callable[[jax.Array], jax.Array] = _identity) -> jax.Array:
+        """The layer loop: the one place a strategy acts, through ``runner``."""
+        cfg = self.cfg
+        donors = cfg.donor_layers
+        donated: dict[int, KV] = {}
+        for i, block in enumerate(self.layers):
+            graphdef, state = nnx.split(block)
+
+            def forward(state, x, ple, kv, _g=graphdef):
+                return nnx.merge(_g, state)(x, ple, positions, kv)
+
+            def key_value(state, x, _g=graphdef):
+                return nnx.merge(_g, state).key_value(x, positions)
+
+            step = LayerStep(
+                index=i,
+                is_donor=i in donors,
+                is_kv_shared=cfg.is_kv_shared(i),
+                state=state,
+                forward=forward,
+                key_value=key_value,
+            )
+            donor = cfg.kv_donor(i)
+            shared_kv = donated[donor] if donor is not None else None
+            x, kv = runner(step, x, per_layer_inputs[:, :, i, :], shared_kv)
+            x = constrain(x)
+            if step.is_donor:
+                donated[i] = kv
+        return self.final_norm(x)
+
+    def hidden(self, tokens, runner: LayerRunner = run_directly, constrain=_identity):
+        x, ple = self.embed(tokens)
+        x = constrain(x)
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+        return self.decode(x, ple, positions, runner, constrain)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Soft-capped fp32 logits from final hidden states (tied output embedding)."""
+        logits = jnp.einsum("...d,vd->...v", hidden, self.embedding[...].astype(hidden.dtype),
+                            preferred_element_type=jnp.float32)
+        cap = self.cfg.final_logit_softcap
+        return jnp.tanh(logits / cap) * cap
+
+    def loss(self, tokens, targets, *, loss_chunks: int, runner: LayerRunner = run_directly,
+             constrain=_identity) -> jax.Array:
+        """Mean token cross-entropy; logits exist for one sequence chunk at a time."""
+        hidden = self.hidden(tokens, runner, constrain)
+        b, t, d = hidden.shape
+        if t % loss_chunks:
+            raise ValueError(f"sequence length {t} does not split into {loss_chunks} loss chunks")
+        chunk = t // loss_chunks
+        hs = hidden.reshape(b, loss_chunks, chunk, d).swapaxes(0, 1)
+        ts = targets.reshape(b, loss_chunks, chunk).swapaxes(0, 1)
+
+        # Recomputed in the backward pass, so no chunk's logits outlive its iteration.
+        @jax.checkpoint
+        def chunk_loss(h, tgt):
+            logits = self.logits(h)
+            lse = jax.nn.logsumexp(logits, axis=-1)
+            picked = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]
+            return jnp.sum(lse - picked)
+
+        def body(total, xs):
+            return total + chunk_loss(*xs), None
+
+        total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (hs, ts))
+        return total / (b * t)
+
+
+def default_loss_chunks(seq_len: int, max_chunk_tokens: int = 512) -> int:
+    """The fewest chunks of at most ``max_chunk_tokens`` tokens that divide ``seq_len``."""
+    for chunks in range(max(1, -(-seq_len // max_chunk_tokens)), seq_len + 1):
+        if seq_len % chunks == 0:
+            return chunks
+    return seq_len

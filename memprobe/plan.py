@@ -1,0 +1,89 @@
+"""What to compile: model x strategies x target x shapes, checked before anything compiles."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from memprobe.errors import BadInput
+from memprobe.model._config import PRESETS, ModelConfig
+from memprobe.model._attention import attention_block_size
+from memprobe.model._transformer import default_loss_chunks
+from memprobe.strategy import Strategy
+from memprobe.targets import Target
+
+DEFAULT_MODEL = "gemma4-e2b"
+
+
+class Step(str, enum.Enum):
+    TRAIN = "train"  # forward + backward + AdamW update, parameters and state donated
+    GRAD = "grad"  # loss and gradients only
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """Per-step shapes. ``batch_per_device`` is MaxText's per_device_batch_size."""
+
+    seq_len: int
+    batch_per_device: int
+    loss_chunks: int
+
+    def __post_init__(self):
+        for field in ("seq_len", "batch_per_device", "loss_chunks"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BadInput(f"{_flag(field)} must be a positive integer, got {value!r}")
+        block = attention_block_size(self.seq_len)
+        if self.seq_len % block:
+            raise BadInput(f"--seq {self.seq_len} is not a multiple of the attention block "
+                           f"({block}); try {self.seq_len // block * block or block}")
+        if self.seq_len % self.loss_chunks:
+            raise BadInput(f"--loss-chunks {self.loss_chunks} does not divide --seq {self.seq_len}")
+
+
+def _flag(field: str) -> str:
+    return {"seq_len": "--seq", "batch_per_device": "--batch", "loss_chunks": "--loss-chunks"}[field]
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileJob:
+    """One compile: everything that decides its figures. Plain data, so it crosses processes."""
+
+    model: ModelConfig
+    strategy: Strategy
+    target: Target
+    shapes: Shapes
+    step: Step
+
+    @property
+    def global_batch(self) -> int:
+        return self.shapes.batch_per_device * self.target.num_devices
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    model: ModelConfig
+    strategies: tuple[Strategy, ...]
+    target: Target
+    shapes: Shapes
+    step: Step
+
+    def jobs(self) -> list[CompileJob]:
+        return [CompileJob(self.model, s, self.target, self.shapes, self.step) for s in self.strategies]
+
+
+def resolve_model(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise BadInput(f"unknown model {name!r} (known: {', '.join(PRESETS)})")
+    return PRESETS[name]
+
+
+def make_plan(*, model: str, strategies: list[Strategy], target: Target, seq_len: int,
+              batch_per_device: int, loss_chunks: int | None = None, step: Step = Step.TRAIN) -> Plan:
+    cfg = resolve_model(model)
+    if not strategies:
+        raise BadInput("--strategies: choose at least one strategy")
+    if isinstance(seq_len, int) and seq_len >= 1 and loss_chunks is None:
+        loss_chunks = default_loss_chunks(seq_len)
+    shapes = Shapes(seq_len=seq_len, batch_per_device=batch_per_device, loss_chunks=loss_chunks)
+    return Plan(cfg, tuple(strategies), target, shapes, step)

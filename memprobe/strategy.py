@@ -1,0 +1,206 @@
+"""Remat strategies as data: a frozen ``Strategy`` read from a TOML file, and the layer
+runner it turns into. A strategy knows the model only by its layer hook and checkpoint names."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+
+from memprobe.errors import BadInput
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "strategies"
+# Installed wheels carry the built-in files inside the package.
+_PACKAGED_DIR = Path(__file__).resolve().parent / "strategies"
+
+# Kept in step with memprobe.model.CHECKPOINT_NAMES (a test checks), so that reading a
+# strategy file does not import JAX.
+CHECKPOINT_NAMES = (
+    "layer_input", "query_proj", "key_proj", "value_proj", "attention_out", "mlp_hidden", "mlp_out",
+)
+
+TRIP_COUNT_ONE_ATTR = "skip-simplify-while-loops_trip-count-one"
+
+
+class Loop(str, enum.Enum):
+    UNROLLED = "unrolled"
+    CHECKPOINT = "checkpoint"
+    SCAN_CHECKPOINT = "scan-checkpoint"
+
+
+class Policy(str, enum.Enum):
+    NOTHING = "nothing_saveable"
+    EVERYTHING = "everything_saveable"
+    DOTS = "dots_saveable"
+    DOTS_NO_BATCH = "dots_with_no_batch_dims_saveable"
+    NAMES = "names"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Strategy:
+    """How each decoder layer is run in the train step.
+
+    loop: ``unrolled`` calls layers as written; ``checkpoint`` wraps each in
+      ``jax.checkpoint``; ``scan-checkpoint`` also puts it in a ``lax.scan(length=1)``.
+    policy: what the checkpoint may keep; ``names`` keeps ``save`` on device and moves
+      ``offload`` to pinned host memory.
+    shared_kv_inside: whether a donor layer's K/V computation is inside its boundary.
+    prevent_cse: ``jax.checkpoint``'s flag of that name.
+    trip_count_one: mark the one-trip scan so XLA keeps the loop instead of inlining it.
+    """
+
+    name: str
+    description: str
+    loop: Loop
+    policy: Policy = Policy.NOTHING
+    save: tuple[str, ...] = ()
+    offload: tuple[str, ...] = ()
+    shared_kv_inside: bool = False
+    prevent_cse: bool = True
+    trip_count_one: bool = False
+    source: str = "built-in"
+
+    def __post_init__(self):
+        where = self.source
+        for field, names in (("save", self.save), ("offload", self.offload)):
+            for n in names:
+                if n not in CHECKPOINT_NAMES:
+                    raise BadInput(f"{where}: {field}: unknown tensor name {n!r} "
+                                   f"(known: {', '.join(CHECKPOINT_NAMES)})")
+        both = sorted(set(self.save) & set(self.offload))
+        if both:
+            raise BadInput(f"{where}: {', '.join(both)} both saved and offloaded")
+        if (self.save or self.offload) and self.policy is not Policy.NAMES:
+            raise BadInput(f"{where}: policy: save/offload lists need policy = \"names\"")
+        if self.policy is Policy.NAMES and not (self.save or self.offload):
+            raise BadInput(f"{where}: policy: \"names\" needs a save or offload list")
+        if self.loop is Loop.UNROLLED and (self.policy is not Policy.NOTHING or self.save
+                                           or self.offload or self.trip_count_one):
+            raise BadInput(f"{where}: loop: \"unrolled\" has no checkpoint, so policy, save, "
+                           "offload and trip_count_one do not apply")
+        if self.trip_count_one and self.loop is not Loop.SCAN_CHECKPOINT:
+            raise BadInput(f"{where}: trip_count_one: only a scan-checkpoint loop has a one-trip loop")
+
+    @property
+    def offloads(self) -> bool:
+        return bool(self.offload)
+
+    def knobs(self) -> dict[str, object]:
+        """The canonical form shown in reports: every knob, explicit."""
+        return {
+            "loop": self.loop.value,
+            "policy": self.policy.value,
+            "save": list(self.save),
+            "offload": list(self.offload),
+            "shared_kv_inside": self.shared_kv_inside,
+            "prevent_cse": self.prevent_cse,
+            "trip_count_one": self.trip_count_one,
+        }
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "description": self.description, **self.knobs()}
+
+    def layer_runner(self):
+        """The ``LayerRunner`` that applies this strategy in the model's layer loop."""
+        from memprobe.remat import make_layer_runner  # imports JAX: only when building
+
+        return make_layer_runner(self)
+
+
+_KEYS = {
+    "description": str, "loop": str, "policy": str, "save": list, "offload": list,
+    "shared_kv_inside": bool, "prevent_cse": bool, "trip_count_one": bool,
+}
+
+
+def _enum(kind, value, where, key):
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(m.value for m in kind)
+        raise BadInput(f"{where}: {key}: {value!r} is not one of {choices}") from None
+
+
+def strategy_from_mapping(name: str, data: dict, where: str) -> Strategy:
+    unknown = sorted(set(data) - set(_KEYS))
+    if unknown:
+        raise BadInput(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(_KEYS)})")
+    for key, kind in _KEYS.items():
+        if key in data and not isinstance(data[key], kind):
+            raise BadInput(f"{where}: {key}: expected {kind.__name__}, got {type(data[key]).__name__}")
+    for key in ("description", "loop"):
+        if key not in data:
+            raise BadInput(f"{where}: missing key {key!r}")
+    for key in ("save", "offload"):
+        if not all(isinstance(n, str) for n in data.get(key, [])):
+            raise BadInput(f"{where}: {key}: expected a list of tensor names")
+    return Strategy(
+        name=name,
+        description=data["description"],
+        loop=_enum(Loop, data["loop"], where, "loop"),
+        policy=_enum(Policy, data.get("policy", Policy.NOTHING.value), where, "policy"),
+        save=tuple(data.get("save", ())),
+        offload=tuple(data.get("offload", ())),
+        shared_kv_inside=data.get("shared_kv_inside", False),
+        prevent_cse=data.get("prevent_cse", True),
+        trip_count_one=data.get("trip_count_one", False),
+        source=where,
+    )
+
+
+def load_strategy(path: Path) -> Strategy:
+    """Reads one strategy file; its name is the file's stem."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise BadInput(f"{path}: strategy file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise BadInput(f"{path}: not valid TOML ({e})") from None
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read ({e.strerror})") from None
+    return strategy_from_mapping(path.stem, data, str(path))
+
+
+def builtin_dir() -> Path:
+    return BUILTIN_DIR if BUILTIN_DIR.is_dir() else _PACKAGED_DIR
+
+
+# The order the four families are shown in: the baseline first.
+DEFAULT_STRATEGIES = ("unrolled", "checkpoint", "scan-checkpoint", "offload")
+
+
+def load_catalogue(extra_files: Iterable[Path] = (), extra_dirs: Iterable[Path] = ()) -> dict[str, Strategy]:
+    """Built-in strategies, then the user's; a user strategy may not shadow another."""
+    found: dict[str, Strategy] = {}
+    built_in = sorted(builtin_dir().glob("*.toml"))
+    ordered = sorted(built_in, key=lambda p: (DEFAULT_STRATEGIES.index(p.stem)
+                                              if p.stem in DEFAULT_STRATEGIES else 99, p.stem))
+    for p in ordered:
+        s = load_strategy(p)
+        found[s.name] = dataclasses.replace(s, source="built-in")
+    user: list[Path] = []
+    for d in extra_dirs:
+        d = Path(d)
+        if not d.is_dir():
+            raise BadInput(f"{d}: strategies directory not found")
+        user.extend(sorted(d.glob("*.toml")))
+    user.extend(Path(f) for f in extra_files)
+    for p in user:
+        s = load_strategy(p)
+        if s.name in found:
+            raise BadInput(f"{p}: strategy {s.name!r} is already defined by {found[s.name].source}")
+        found[s.name] = s
+    return found
+
+
+def select(catalogue: dict[str, Strategy], names: Iterable[str]) -> list[Strategy]:
+    chosen = []
+    for n in names:
+        if n not in catalogue:
+            raise BadInput(f"unknown strategy {n!r} (known: {', '.join(catalogue)})")
+        chosen.append(catalogue[n])
+    return chosen

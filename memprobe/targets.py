@@ -1,0 +1,118 @@
+"""Compile targets: deviceless TPU topologies through libtpu, and the local CPU backend.
+
+Nothing here imports JAX: a ``Target`` is plain data; ``memprobe.build`` makes devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from memprobe.errors import BadInput
+
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuKind:
+    name: str
+    device_kind: str
+    devices_per_chip: int
+    dims: int  # 2 for v5e/v6e topologies (AxB), 3 for the others (AxBxC)
+    hbm_gib: float  # per device, as the compiler enforces it (its OOM text, GiB to 2 places)
+    default_devices: int
+    chip_config: str | None = None
+    note: str = ""
+
+    @property
+    def hbm_bytes(self) -> int:
+        return round(self.hbm_gib * GIB)
+
+
+TPU_KINDS: dict[str, TpuKind] = {
+    k.name: k
+    for k in (
+        TpuKind("tpu7x", "TPU7x", 2, 3, 94.74, 8, note="Ironwood; 2 devices per chip"),
+        TpuKind("v6e", "TPU v6 lite", 1, 2, 31.24, 4, note="Trillium"),
+        TpuKind("v5p", "TPU v5", 1, 3, 95.73, 4),
+        TpuKind("v5e", "TPU v5 lite", 1, 2, 15.75, 4),
+        # Real v4 jobs run in megacore mode: one device per chip with both cores' HBM.
+        TpuKind("v4", "TPU v4", 1, 3, 30.75, 4, chip_config="megacore", note="megacore"),
+    )
+}
+
+_SHAPES_3D = {1: "1x1x1", 2: "1x2x1", 4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4",
+              64: "4x4x4", 128: "4x4x8", 256: "4x8x8"}
+_SHAPES_2D = {1: "1x1", 2: "1x2", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8",
+              128: "8x16", 256: "16x16"}
+
+DEFAULT_TARGET = "tpu7x"
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where a train step is compiled for. ``hbm_bytes`` is per device; None where unknown."""
+
+    platform: str  # "tpu" or "cpu"
+    name: str  # "tpu7x", "v5p", ..., "cpu"
+    num_devices: int
+    topology: str | None = None
+    chip_config: str | None = None
+    hbm_bytes: int | None = None
+
+    @property
+    def label(self) -> str:
+        if self.topology:
+            return f"{self.topology} ({self.num_devices} devices)"
+        return f"{self.name} ({self.num_devices} device{'s' if self.num_devices > 1 else ''})"
+
+    @property
+    def stands_for_accelerator(self) -> bool:
+        """CPU figures describe XLA's CPU backend, not any accelerator."""
+        return self.platform != "cpu"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _tpu_topology_devices(kind: TpuKind, topology: str) -> int:
+    m = re.fullmatch(rf"{re.escape(kind.name)}[:=_](\d+(?:x\d+){{1,2}})", topology)
+    if not m:
+        raise BadInput(f"--topology: {topology!r} is not a {kind.name} topology like "
+                       f"{kind.name}:{(_SHAPES_3D if kind.dims == 3 else _SHAPES_2D)[4]}")
+    return math.prod(int(a) for a in m.group(1).split("x")) * kind.devices_per_chip
+
+
+def resolve_target(name: str, devices: int | None = None, topology: str | None = None) -> Target:
+    """A target from the CLI's --target/--devices/--topology; libtpu checks the topology later."""
+    if devices is not None and devices < 1:
+        raise BadInput(f"--devices must be a positive integer, got {devices}")
+    if name == "cpu":
+        if topology:
+            raise BadInput("--topology applies to TPU targets only; use --devices for cpu")
+        return Target(platform="cpu", name="cpu", num_devices=devices or 1)
+    if name not in TPU_KINDS:
+        raise BadInput(f"unknown target {name!r} (known: {', '.join([*TPU_KINDS, 'cpu'])})")
+    kind = TPU_KINDS[name]
+    if topology:
+        if not topology.startswith(name):
+            topology = f"{name}:{topology}"
+        n = _tpu_topology_devices(kind, topology)
+        if devices is not None and devices != n:
+            raise BadInput(f"--devices {devices} contradicts --topology {topology} ({n} devices)")
+        devices = n
+    else:
+        devices = devices or kind.default_devices
+        if devices % kind.devices_per_chip:
+            raise BadInput(f"--devices: {name} has {kind.devices_per_chip} devices per chip, "
+                           f"so {devices} is not a whole number of chips")
+        chips = devices // kind.devices_per_chip
+        shapes = _SHAPES_3D if kind.dims == 3 else _SHAPES_2D
+        if chips not in shapes:
+            raise BadInput(f"--devices: no standard {name} topology has {devices} devices "
+                           f"(try {', '.join(str(c * kind.devices_per_chip) for c in shapes)} "
+                           "or pass --topology)")
+        topology = f"{name}:{shapes[chips]}"
+    return Target(platform="tpu", name=name, num_devices=devices, topology=topology,
+                  chip_config=kind.chip_config, hbm_bytes=kind.hbm_bytes)

@@ -1,0 +1,128 @@
+"""The model matches the published Gemma 4 small architecture; attention is exact and blockwise."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from memprobe.build import abstract_params, parameter_count
+from memprobe.model import (
+    CHECKPOINT_NAMES,
+    PRESETS,
+    AttentionKind,
+    blockwise_attention,
+    default_loss_chunks,
+    reference_attention,
+)
+from memprobe.strategy import CHECKPOINT_NAMES as STRATEGY_NAMES
+
+
+def _layer_params(cfg, i):
+    model = nnx.eval_shape(lambda: __import__("memprobe.model", fromlist=["Transformer"]).Transformer(
+        cfg, rngs=nnx.Rngs(0)))
+    _, state = nnx.split(model.layers[i], nnx.Param)
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(state))
+
+
+def test_parameter_counts_equal_the_gemma_library():
+    # Text-only models of the official `gemma` 4.0.1 library, counted from shapes alone.
+    assert parameter_count(PRESETS["gemma4-e2b"]) == 4_647_449_891
+    assert parameter_count(PRESETS["gemma4-e4b"]) == 7_518_069_034
+
+
+@pytest.mark.parametrize("layer,count", [(0, 36_184_065), (4, 43_262_465), (15, 64_495_617), (19, 71_574_017)])
+def test_e2b_layer_parameter_counts(layer, count):
+    assert _layer_params(PRESETS["gemma4-e2b"], layer) == count
+
+
+def test_e2b_structure():
+    cfg = PRESETS["gemma4-e2b"]
+    kinds = [cfg.attention_kind(i) for i in range(cfg.num_layers)]
+    assert kinds.count(AttentionKind.GLOBAL) == 7 and kinds[4] is AttentionKind.GLOBAL
+    assert [cfg.head_dim(i) for i in (0, 4)] == [256, 512]
+    # The last 20 layers reuse K/V of the last unshared layer of their kind.
+    assert cfg.first_shared_layer == 15
+    assert cfg.kv_donor(14) is None
+    assert cfg.kv_donor(15) == 13 and cfg.kv_donor(19) == 14 and cfg.kv_donor(34) == 14
+    assert cfg.donor_layers == {13, 14}
+    assert cfg.mlp_width(14) == 6144 and cfg.mlp_width(15) == 12288
+
+
+def test_e4b_structure():
+    cfg = PRESETS["gemma4-e4b"]
+    assert (cfg.width, cfg.num_layers, cfg.num_kv_heads) == (2560, 42, 2)
+    assert cfg.first_shared_layer == 24
+    assert cfg.kv_donor(24) == 22 and cfg.kv_donor(29) == 23
+    assert cfg.mlp_width(30) == cfg.mlp_width(0) == 10240
+
+
+def test_per_layer_embedding_shapes():
+    _, params = abstract_params(PRESETS["gemma4-e2b"])
+    assert params["ple_table"].shape == (262_144, 35 * 256)
+    assert params["ple_model_proj"].shape == (1536, 35 * 256)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+
+
+def test_checkpoint_names_agree():
+    assert tuple(CHECKPOINT_NAMES) == STRATEGY_NAMES
+
+
+@pytest.mark.parametrize("window", [None, 16, 24])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 1), (4, 2)])
+def test_blockwise_attention_matches_dense(window, heads, kv_heads):
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    q = jax.random.normal(keys[0], (2, 64, heads, 8))
+    k = jax.random.normal(keys[1], (2, 64, kv_heads, 8))
+    v = jax.random.normal(keys[2], (2, 64, kv_heads, 8))
+
+    def fast(q, k, v):
+        return blockwise_attention(q, k, v, window=window, block=16, scale=0.4)
+
+    def dense(q, k, v):
+        return reference_attention(q, k, v, window=window, scale=0.4)
+
+    np.testing.assert_allclose(fast(q, k, v), dense(q, k, v), atol=1e-5)
+    g_fast = jax.grad(lambda *a: jnp.sum(jnp.sin(fast(*a))), argnums=(0, 1, 2))(q, k, v)
+    g_dense = jax.grad(lambda *a: jnp.sum(jnp.sin(dense(*a))), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(g_fast, g_dense):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def _key_blocks_visited(seq, window, block=256):
+    """Score blocks the forward pass computes: outer (query) x inner (key) loop trip counts."""
+    q = jax.ShapeDtypeStruct((1, seq, 4, 64), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, seq, 1, 64), jnp.bfloat16)
+    f = jax.jit(lambda q, k, v: blockwise_attention(q, k, v, window=window, block=block))
+    assert f"{seq},{seq}" not in f.lower(q, kv, kv).as_text()  # no [seq, seq] scores anywhere
+    lengths = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "scan":
+                lengths.append(eqn.params["length"])
+            for p in eqn.params.values():
+                inner = getattr(p, "jaxpr", None)
+                if inner is not None:
+                    walk(getattr(inner, "jaxpr", inner))
+
+    walk(jax.make_jaxpr(f)(q, kv, kv).jaxpr)
+    assert len(lengths) == 2, lengths
+    return math.prod(lengths)
+
+
+def test_sliding_window_visits_only_blocks_inside_the_window():
+    # 16 query blocks; a 256-token window over 256-token blocks needs 2 key blocks each.
+    assert _key_blocks_visited(4096, 256) == 16 * 2
+    assert _key_blocks_visited(8192, 256) == 2 * _key_blocks_visited(4096, 256)
+    # Causal-global attention visits every key block: quadratic in the sequence.
+    assert _key_blocks_visited(4096, None) == 16 * 16
+    assert _key_blocks_visited(8192, None) == 4 * _key_blocks_visited(4096, None)
+
+
+def test_default_loss_chunks():
+    assert default_loss_chunks(24576) == 48
+    assert default_loss_chunks(256) == 1
+    assert default_loss_chunks(1536) == 3
