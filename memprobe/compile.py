@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from memprobe.errors import BadInput
 from memprobe.measure import Measurement
 from memprobe.plan import CompileJob
 from memprobe.targets import Target
@@ -136,6 +137,8 @@ def _worker_main(job_path: str, result_path: str) -> int:
         job = pickle.load(f)
     try:
         reply = {"status": "ok", "measurement": compile_job(job).to_dict()}
+    except BadInput as e:  # e.g. a topology libtpu rejects: the user's mistake, not the compile's
+        reply = {"status": "bad_input", "error": str(e)}
     except BaseException as e:  # noqa: BLE001 - every failure becomes a row, never a traceback
         import traceback
 
@@ -202,6 +205,8 @@ def compile_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
                 reply = json.load(f)
             if reply["status"] == "ok":
                 return Measurement.from_dict(reply["measurement"])
+            if reply["status"] == "bad_input":
+                raise BadInput(reply["error"])
             return failed_record(job, reply["error"])
         code = proc.returncode
         why = _log_reason(log_path)

@@ -44,7 +44,7 @@ def compare(
                      target=resolve_target(target, devices, topology), seq_len=seq,
                      batch_per_device=batch, loss_chunks=loss_chunks, step=step)
     measurements = _compile_with_progress(plan, timeout)
-    table.render(measurements, sys.stdout, width=Console().width)
+    table.render(measurements, sys.stdout)
     return 0 if all(m.ok for m in measurements) else 1
 
 

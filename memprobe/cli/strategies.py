@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.table import Table
+
+from memprobe.render.table import terminal_width
 
 from memprobe.cli import _options as o
 from memprobe.strategy import load_catalogue
@@ -20,7 +24,7 @@ def list_strategies(strategy_file: o.StrategyFile = None, strategies_dir: o.Stra
         t.add_row(s.name, k["loop"], k["policy"], ", ".join(k["save"]) or "-",
                   ", ".join(k["offload"]) or "-", _yn(k["shared_kv_inside"]), _yn(k["prevent_cse"]),
                   _yn(k["trip_count_one"]), s.source, s.description)
-    Console().print(t)
+    Console(width=terminal_width(sys.stdout)).print(t)
     return 0
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.table import Table
+
+from memprobe.render.table import terminal_width
 
 from memprobe.targets import DEFAULT_TARGET, TPU_KINDS, resolve_target
 
@@ -20,5 +24,5 @@ def list_targets() -> int:
         t.add_row(kind.name, tgt.topology, str(tgt.num_devices), str(kind.devices_per_chip),
                   f"{kind.hbm_gib:.2f}", note)
     t.add_row("cpu", "-", "1 (--devices N)", "-", "-", "XLA CPU backend, local")
-    Console().print(t)
+    Console(width=terminal_width(sys.stdout)).print(t)
     return 0

@@ -74,8 +74,13 @@ def build_table(measurements: list[Measurement]) -> Table:
     return t
 
 
+def terminal_width(file: IO[str]) -> int:
+    """The terminal's width; 160 columns when writing to a pipe or file, so rows stay whole."""
+    return Console(file=file).width if getattr(file, "isatty", lambda: False)() else 160
+
+
 def render(measurements: list[Measurement], file: IO[str], *, width: int | None = None) -> None:
     """Writes the ranked comparison table to ``file``."""
-    console = Console(file=file, width=width or 160, soft_wrap=False)
+    console = Console(file=file, width=width or terminal_width(file), soft_wrap=False)
     console.print(build_table(measurements))
 

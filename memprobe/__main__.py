@@ -1,0 +1,5 @@
+import sys
+
+from memprobe.cli import main
+
+sys.exit(main())

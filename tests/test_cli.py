@@ -1,0 +1,82 @@
+"""The command line end to end, as a user runs it: real compiles in isolated processes."""
+
+import subprocess
+import sys
+
+import pytest
+
+NOISE = ("TPU_ACCELERATOR_TYPE", "InitGoogle", "E0000", "Traceback", "WARNING")
+
+
+def memprobe(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "memprobe", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_compare_on_cpu_prints_ranked_table():
+    r = memprobe("compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--batch", "1",
+                 "--strategies", "unrolled,checkpoint")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "tiny-e2b train step, seq 256 x per-device batch 1" in out
+    assert "unrolled" in out and "checkpoint" in out and "peak GiB" in out
+    assert "CPU backend figures: they do not stand for any accelerator." in out
+    assert not any(n in r.stdout + r.stderr for n in NOISE)
+
+
+def test_compare_deviceless_tpu_is_quiet_and_judges_fit():
+    r = memprobe("compare", "--model", "tiny-e2b", "--target", "v5p", "--devices", "1", "--seq", "512",
+                 "--batch", "1", "--strategies", "checkpoint")
+    assert r.returncode == 0, r.stderr
+    assert "v5p:1x1x1" in r.stdout and "fits" in r.stdout and "95.73 GiB" in r.stdout
+    assert not any(n in r.stdout + r.stderr for n in NOISE), r.stderr
+
+
+def test_timed_out_compile_is_a_failed_row_and_exit_1():
+    r = memprobe("compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--batch", "1",
+                 "--strategies", "checkpoint", "--timeout", "0.5")
+    assert r.returncode == 1
+    assert "failed: timed out after 0 s" in r.stdout or "failed: timed out after 1 s" in r.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--seq", "-5"], "--seq must be a positive integer, got -5"),
+    (["--seq", "abc"], "Invalid value for '--seq'"),
+    (["--batch", "0"], "--batch must be a positive integer, got 0"),
+    (["--seq", "1000"], "--seq 1000 is not a multiple of the attention block (512)"),
+    (["--seq", "1024", "--loss-chunks", "3"], "--loss-chunks 3 does not divide --seq 1024"),
+    (["--strategies", "fastest"], "unknown strategy 'fastest'"),
+    (["--model", "gemma5"], "unknown model 'gemma5'"),
+    (["--target", "v9"], "unknown target 'v9'"),
+    (["--target", "tpu7x", "--devices", "3"], "tpu7x has 2 devices per chip"),
+    (["--target", "v5p", "--topology", "v5p:3x3x3", "--model", "tiny-e2b", "--seq", "512"],
+     "libtpu rejects 'v5p:3x3x3'"),
+    (["--strategy-file", "/nonexistent/mine.toml"], "/nonexistent/mine.toml: strategy file not found"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    r = memprobe("compare", *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.startswith("memprobe: error:")]
+    assert len(lines) == 1 and message in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_strategies_and_targets_list_what_exists():
+    s = memprobe("strategies")
+    assert s.returncode == 0
+    for name in ("unrolled", "checkpoint", "scan-checkpoint", "offload", "layer_input"):
+        assert name in s.stdout
+    t = memprobe("targets")
+    assert t.returncode == 0
+    for fragment in ("tpu7x:2x2x1", "94.74", "v5p:2x2x1", "95.73", "v6e:2x2", "31.24", "15.75", "cpu"):
+        assert fragment in t.stdout
+
+
+def test_user_strategy_file_runs_end_to_end(tmp_path):
+    path = tmp_path / "save-mlp.toml"
+    path.write_text('description = "checkpoint, MLP hidden kept"\nloop = "checkpoint"\n'
+                    'policy = "names"\nsave = ["mlp_hidden"]\n')
+    r = memprobe("compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--batch", "1",
+                 "--strategies", "checkpoint,save-mlp", "--strategy-file", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "save-mlp" in r.stdout
