@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from memprobe.errors import BadInput
@@ -217,19 +218,23 @@ def compile_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
         return failed_record(job, f"compile process exited with code {code}" + (f": {why}" if why else ""))
 
 
-def compile_jobs(jobs: list[CompileJob], *, timeout_s: float = DEFAULT_TIMEOUT_S,
+def compile_jobs(jobs: list[CompileJob], *, timeout_s: float = DEFAULT_TIMEOUT_S, parallel: int = 1,
                  on_event: Event | None = None) -> list[Measurement]:
-    """Compiles jobs one after another, each isolated; results keep the jobs' order."""
-    results = []
-    for i, job in enumerate(jobs):
+    """Compiles every job in its own process, ``parallel`` at a time; results keep the jobs' order."""
+
+    def run(i: int) -> Measurement:
         if on_event:
             on_event(i, "compiling", 0.0)
-        tick = (lambda e, i=i: on_event(i, "compiling", e)) if on_event else None
-        m = compile_isolated(job, timeout_s, tick)
+        tick = (lambda e: on_event(i, "compiling", e)) if on_event else None
+        m = compile_isolated(jobs[i], timeout_s, tick)
         if on_event:
             on_event(i, "done" if m.ok else "failed", (m.compile_seconds or 0.0))
-        results.append(m)
-    return results
+        return m
+
+    if parallel <= 1 or len(jobs) <= 1:
+        return [run(i) for i in range(len(jobs))]
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        return list(pool.map(run, range(len(jobs))))
 
 
 if __name__ == "__main__":

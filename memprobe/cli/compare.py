@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from memprobe.cli import _options as o
+from memprobe.errors import BadInput
 from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs
 from memprobe.plan import Step, make_plan
 from memprobe.render import table
@@ -29,6 +30,7 @@ def compare(
     loss_chunks: o.LossChunks = None,
     step: o.StepKind = Step.TRAIN,
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
+    jobs: o.Jobs = 1,
 ) -> int:
     """Compile the train step under each strategy and rank them by per-device peak HBM.
 
@@ -43,12 +45,17 @@ def compare(
     plan = make_plan(model=model, strategies=select(catalogue, names),
                      target=resolve_target(target, devices, topology), seq_len=seq,
                      batch_per_device=batch, loss_chunks=loss_chunks, step=step)
-    measurements = _compile_with_progress(plan, timeout)
+    if jobs < 1:
+        raise BadInput(f"--jobs must be a positive integer, got {jobs}")
+    started = time.monotonic()
+    measurements = _compile_with_progress(plan, timeout, jobs)
+    Console(stderr=True).print(f"memprobe: {len(measurements)} compiles in "
+                               f"{time.monotonic() - started:.0f} s wall time", highlight=False)
     table.render(measurements, sys.stdout)
     return 0 if all(m.ok for m in measurements) else 1
 
 
-def _compile_with_progress(plan, timeout: float):
+def _compile_with_progress(plan, timeout: float, parallel: int):
     jobs = plan.jobs()
     err = Console(stderr=True)
     progress = Progress(SpinnerColumn(), TextColumn("{task.description:<18}"),
@@ -70,4 +77,4 @@ def _compile_with_progress(plan, timeout: float):
 
         err.print(f"memprobe: compiling {len(jobs)} strateg{'y' if len(jobs) == 1 else 'ies'} for "
                   f"{plan.model.name} on {plan.target.label}", highlight=False)
-        return compile_jobs(jobs, timeout_s=timeout, on_event=on_event)
+        return compile_jobs(jobs, timeout_s=timeout, parallel=parallel, on_event=on_event)

@@ -23,11 +23,11 @@ def attention_block_size(seq_len: int, preferred: int = 512) -> int:
 
 
 def _span(window: int | None, block: int, num_blocks: int) -> tuple[int, int]:
-    """(front padding, key blocks visited per query block) for a window, None meaning causal-global."""
+    """(key blocks looked back, key blocks visited per query block); window None is causal-global."""
     if window is None:
         return 0, num_blocks
-    pad_blocks = math.ceil(window / block)
-    return pad_blocks * block, pad_blocks + 1
+    back = math.ceil(window / block)
+    return back, back + 1
 
 
 def _mask(q_pos, k_pos, window):
@@ -37,42 +37,50 @@ def _mask(q_pos, k_pos, window):
     return keep
 
 
-def _prepare(q, k, v, window, block):
-    b, t, n, h = q.shape
-    kh = k.shape[2]
-    nq = t // block
-    pad, span = _span(window, block, nq)
-    if pad:
-        widths = ((0, 0), (pad, 0), (0, 0), (0, 0))
-        k = jnp.pad(k, widths)
-        v = jnp.pad(v, widths)
-    # [nq, B, bq, K, G, H]: query blocks grouped under their K/V head.
-    qb = q.reshape(b, nq, block, kh, n // kh, h).transpose(1, 0, 2, 3, 4, 5)
-    return qb, k, v, pad, span
+def _key_range(i, j, window, block, back_blocks):
+    """Start index and true positions of the j-th key block seen by query block i.
+
+    Sliding layers look back ``back_blocks`` blocks; before the sequence start the slice is
+    clamped to block 0 and its positions (negative) are all masked.
+    """
+    first = i - back_blocks if window is not None else 0
+    block_index = first + j
+    positions = block_index * block + jnp.arange(block)
+    return jnp.maximum(block_index, 0) * block, positions
 
 
-def _key_range(i, j, window, block, pad):
-    """Padded start index and true positions of the j-th key block seen by query block i."""
-    first = i if window is not None else 0
-    start = (first + j) * block
-    return start, start - pad + jnp.arange(block)
+# Blocks are cut with dynamic slices and written back with dynamic updates; no array's
+# sequence axis is reshaped into (blocks, block): libtpu's code generator aborts on some
+# such splits fused into the score matmuls ("split of a padded window dim").
+
+
+def _grouped(x, kh):
+    """[B, T, N, H] -> [B, T, K, G, H]: query heads under their K/V head."""
+    b, t, n, h = x.shape
+    return x.reshape(b, t, kh, n // kh, h)
+
+
+def _slice(x, start, block):
+    return jax.lax.dynamic_slice_in_dim(x, start, block, axis=1)
 
 
 def _forward(q, k, v, window, block, scale):
     b, t, n, h = q.shape
-    qb, kp, vp, pad, span = _prepare(q, k, v, window, block)
     kh = k.shape[2]
     g = n // kh
+    back, span = _span(window, block, t // block)
+    qg = _grouped(q, kh)
 
-    def one_query_block(args):
-        i, q_blk = args
-        q_pos = i * block + jnp.arange(block)
+    def one_query_block(i, carry):
+        out, lse = carry
+        q_start = i * block
+        q_blk = _slice(qg, q_start, block)  # [B, bq, K, G, H]
+        q_pos = q_start + jnp.arange(block)
 
-        def step(carry, j):
-            m, l, acc = carry
-            start, k_pos = _key_range(i, j, window, block, pad)
-            k_blk = jax.lax.dynamic_slice_in_dim(kp, start, block, axis=1)
-            v_blk = jax.lax.dynamic_slice_in_dim(vp, start, block, axis=1)
+        def step(state, j):
+            m, l, acc = state
+            start, k_pos = _key_range(i, j, window, block, back)
+            k_blk, v_blk = _slice(k, start, block), _slice(v, start, block)
             s = jnp.einsum("bqkgh,bskh->bkgqs", q_blk, k_blk, preferred_element_type=jnp.float32)
             keep = _mask(q_pos, k_pos, window)
             s = jnp.where(keep, s * scale, _NEG_INF)
@@ -80,48 +88,48 @@ def _forward(q, k, v, window, block, scale):
             p = jnp.where(keep, jnp.exp(s - m_new[..., None]), 0.0)
             corr = jnp.exp(m - m_new)
             l = l * corr + p.sum(-1)
-            pv = jnp.einsum("bkgqs,bskh->bkgqh", p.astype(v_blk.dtype), v_blk,
+            pv = jnp.einsum("bkgqs,bskh->bqkgh", p.astype(v_blk.dtype), v_blk,
                             preferred_element_type=jnp.float32)
-            acc = acc * corr[..., None] + pv
+            acc = acc * jnp.moveaxis(corr, -1, 1)[..., None] + pv
             return (m_new, l, acc), None
 
         init = (
             jnp.full((b, kh, g, block), _NEG_INF, jnp.float32),
             jnp.zeros((b, kh, g, block), jnp.float32),
-            jnp.zeros((b, kh, g, block, h), jnp.float32),
+            jnp.zeros((b, block, kh, g, h), jnp.float32),
         )
         (m, l, acc), _ = jax.lax.scan(step, init, jnp.arange(span))
-        out = (acc / l[..., None]).astype(q.dtype)  # [B, K, G, bq, H]
-        return out, m + jnp.log(l)
+        o_blk = (acc / jnp.moveaxis(l, -1, 1)[..., None]).astype(q.dtype)
+        out = jax.lax.dynamic_update_slice_in_dim(out, o_blk, q_start, axis=1)
+        lse = jax.lax.dynamic_update_slice_in_dim(lse, m + jnp.log(l), q_start, axis=3)
+        return out, lse
 
-    nq = t // block
-    out, lse = jax.lax.map(one_query_block, (jnp.arange(nq), qb))
-    # out: [nq, B, K, G, bq, H] -> [B, T, N, H]; lse: [nq, B, K, G, bq]
-    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(b, t, n, h)
-    return out, lse
+    init = (jnp.zeros_like(qg), jnp.zeros((b, kh, g, t), jnp.float32))
+    out, lse = jax.lax.fori_loop(0, t // block, one_query_block, init)
+    return out.reshape(b, t, n, h), lse
 
 
 def _backward(q, k, v, out, lse, d_out, window, block, scale):
     b, t, n, h = q.shape
     kh = k.shape[2]
-    g = n // kh
-    nq = t // block
-    qb, kp, vp, pad, span = _prepare(q, k, v, window, block)
-    dob = d_out.reshape(b, nq, block, kh, g, h).transpose(1, 0, 2, 3, 4, 5)
-    ob = out.reshape(b, nq, block, kh, g, h).transpose(1, 0, 2, 3, 4, 5)
-    # delta = rowsum(dO * O), [nq, B, K, G, bq]
-    delta = jnp.einsum("nbqkgh,nbqkgh->nbkgq", dob.astype(jnp.float32), ob.astype(jnp.float32))
+    back, span = _span(window, block, t // block)
+    qg, dog = _grouped(q, kh), _grouped(d_out, kh)
+    # delta = rowsum(dO * O): [B, K, G, T]
+    delta = jnp.einsum("btkgh,btkgh->bkgt", dog.astype(jnp.float32),
+                       _grouped(out, kh).astype(jnp.float32))
 
-    def one_query_block(carry, args):
-        dk_acc, dv_acc = carry
-        i, q_blk, do_blk, lse_blk, delta_blk = args
-        q_pos = i * block + jnp.arange(block)
+    def one_query_block(i, carry):
+        dq_all, dk_acc, dv_acc = carry
+        q_start = i * block
+        q_blk, do_blk = _slice(qg, q_start, block), _slice(dog, q_start, block)
+        lse_blk = jax.lax.dynamic_slice_in_dim(lse, q_start, block, axis=3)
+        delta_blk = jax.lax.dynamic_slice_in_dim(delta, q_start, block, axis=3)
+        q_pos = q_start + jnp.arange(block)
 
         def step(inner, j):
             dq, dk_acc, dv_acc = inner
-            start, k_pos = _key_range(i, j, window, block, pad)
-            k_blk = jax.lax.dynamic_slice_in_dim(kp, start, block, axis=1)
-            v_blk = jax.lax.dynamic_slice_in_dim(vp, start, block, axis=1)
+            start, k_pos = _key_range(i, j, window, block, back)
+            k_blk, v_blk = _slice(k, start, block), _slice(v, start, block)
             s = jnp.einsum("bqkgh,bskh->bkgqs", q_blk, k_blk, preferred_element_type=jnp.float32)
             keep = _mask(q_pos, k_pos, window)
             p = jnp.where(keep, jnp.exp(s * scale - lse_blk[..., None]), 0.0)
@@ -131,20 +139,18 @@ def _backward(q, k, v, out, lse, d_out, window, block, scale):
             ds = (p * (dp - delta_blk[..., None]) * scale).astype(q_blk.dtype)
             dq = dq + jnp.einsum("bkgqs,bskh->bqkgh", ds, k_blk, preferred_element_type=jnp.float32)
             dk = jnp.einsum("bkgqs,bqkgh->bskh", ds, q_blk, preferred_element_type=jnp.float32)
-            dk_acc = jax.lax.dynamic_update_slice_in_dim(
-                dk_acc, jax.lax.dynamic_slice_in_dim(dk_acc, start, block, 1) + dk, start, 1)
-            dv_acc = jax.lax.dynamic_update_slice_in_dim(
-                dv_acc, jax.lax.dynamic_slice_in_dim(dv_acc, start, block, 1) + dv, start, 1)
+            dk_acc = jax.lax.dynamic_update_slice_in_dim(dk_acc, _slice(dk_acc, start, block) + dk, start, 1)
+            dv_acc = jax.lax.dynamic_update_slice_in_dim(dv_acc, _slice(dv_acc, start, block) + dv, start, 1)
             return (dq, dk_acc, dv_acc), None
 
-        dq0 = jnp.zeros((b, block, kh, g, h), jnp.float32)
+        dq0 = jnp.zeros(q_blk.shape, jnp.float32)
         (dq, dk_acc, dv_acc), _ = jax.lax.scan(step, (dq0, dk_acc, dv_acc), jnp.arange(span))
-        return (dk_acc, dv_acc), dq.astype(q.dtype)
+        dq_all = jax.lax.dynamic_update_slice_in_dim(dq_all, dq.astype(q.dtype), q_start, axis=1)
+        return dq_all, dk_acc, dv_acc
 
-    acc0 = (jnp.zeros(kp.shape, jnp.float32), jnp.zeros(vp.shape, jnp.float32))
-    (dk, dv), dq = jax.lax.scan(one_query_block, acc0, (jnp.arange(nq), qb, dob, lse, delta))
-    dq = dq.transpose(1, 0, 2, 3, 4, 5).reshape(b, t, n, h)
-    return dq, dk[:, pad:].astype(k.dtype), dv[:, pad:].astype(v.dtype)
+    init = (jnp.zeros_like(qg), jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+    dq, dk, dv = jax.lax.fori_loop(0, t // block, one_query_block, init)
+    return dq.reshape(b, t, n, h), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))

@@ -43,4 +43,6 @@ def comparison_frame(measurements: list[Measurement]) -> pd.DataFrame:
     ok = df["error"].isna()
     ranked = df[ok].sort_values("peak_bytes", kind="stable")
     ranked["rank"] = range(1, len(ranked) + 1)
-    return pd.concat([ranked, df[~ok]], ignore_index=True)
+    out = pd.concat([ranked, df[~ok]], ignore_index=True)
+    out["rank"] = out["rank"].astype("Int64")
+    return out
