@@ -71,6 +71,9 @@ class Plan:
     def jobs(self) -> list[CompileJob]:
         return [CompileJob(self.model, s, self.target, self.shapes, self.step) for s in self.strategies]
 
+    def jobs_by_strategy(self) -> dict[str, CompileJob]:
+        return {job.strategy.name: job for job in self.jobs()}
+
 
 def resolve_model(name: str) -> ModelConfig:
     if name not in PRESETS:

@@ -60,7 +60,7 @@ def _compile_with_progress(plan, timeout: float, parallel: int):
     err = Console(stderr=True)
     progress = Progress(SpinnerColumn(), TextColumn("{task.description:<18}"),
                         TextColumn("{task.fields[state]}"), TimeElapsedColumn(), console=err,
-                        transient=False)
+                        transient=False, disable=not err.is_terminal)
     with progress:
         tasks = [progress.add_task(j.strategy.name, start=False, state="waiting", total=1) for j in jobs]
         started = {}
@@ -69,11 +69,16 @@ def _compile_with_progress(plan, timeout: float, parallel: int):
             if i not in started:
                 started[i] = time.monotonic()
                 progress.start_task(tasks[i])
+                if not err.is_terminal:  # a log, not a live display: one line per change
+                    err.print(f"memprobe: {jobs[i].strategy.name}: compiling", highlight=False)
             if state == "compiling":
                 progress.update(tasks[i], state="compiling")
             else:
                 progress.update(tasks[i], state=state, completed=1)
                 progress.stop_task(tasks[i])
+                if not err.is_terminal:
+                    took = time.monotonic() - started[i]
+                    err.print(f"memprobe: {jobs[i].strategy.name}: {state} after {took:.0f} s", highlight=False)
 
         err.print(f"memprobe: compiling {len(jobs)} strateg{'y' if len(jobs) == 1 else 'ies'} for "
                   f"{plan.model.name} on {plan.target.label}", highlight=False)

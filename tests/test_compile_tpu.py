@@ -1,4 +1,4 @@
-"""Real compiles of small configurations, on the CPU backend and deviceless TPU."""
+"""Real deviceless TPU compiles of small configurations (libtpu compile-only devices)."""
 
 import dataclasses
 import functools
@@ -16,7 +16,7 @@ CATALOGUE = load_catalogue()
 def _jobs(model, target, seq, batch, strategies=DEFAULT_STRATEGIES, step=Step.TRAIN):
     plan = make_plan(model=model, strategies=select(CATALOGUE, strategies), target=target,
                      seq_len=seq, batch_per_device=batch, step=step)
-    return {j.strategy.name: j for j in plan.jobs()}
+    return plan.jobs_by_strategy()
 
 
 @functools.cache
@@ -24,23 +24,6 @@ def tpu_results():
     """The four families on a 4-device v5p, tiny E2B-shaped model: compiled once per session."""
     jobs = _jobs("tiny-e2b", resolve_target("v5p", 4), seq=1024, batch=2)
     return {name: compile_job(job, keep_hlo=True) for name, job in jobs.items()}
-
-
-@functools.cache
-def cpu_results():
-    jobs = _jobs("tiny-e2b", resolve_target("cpu", 2), seq=512, batch=1)
-    return {name: compile_job(job) for name, job in jobs.items()}
-
-
-@pytest.mark.parametrize("name", DEFAULT_STRATEGIES)
-def test_every_strategy_compiles_on_cpu(name):
-    m = cpu_results()[name]
-    assert m.ok and m.platform == "cpu" and m.num_devices == 2
-    assert m.temp_bytes > 0 and m.argument_bytes > 0
-    # Parameters and both AdamW moments are donated: arguments alias outputs.
-    assert m.alias_bytes > 0.9 * m.argument_bytes
-    assert m.peak_bytes == m.argument_bytes + m.output_bytes - m.alias_bytes + m.temp_bytes
-    assert m.capacity_bytes is None and m.fits is None and not m.stands_for_accelerator
 
 
 @pytest.mark.parametrize("name", DEFAULT_STRATEGIES)
@@ -80,11 +63,12 @@ def test_offload_moves_bytes_to_host_on_tpu():
     assert r["checkpoint"][0].host_temp_bytes == 0
 
 
-def test_grad_step_has_no_optimizer_state():
-    jobs = _jobs("tiny-e2b", resolve_target("cpu", 1), seq=256, batch=1, strategies=["checkpoint"],
-                 step=Step.GRAD)
-    m = compile_job(jobs["checkpoint"])
-    train = cpu_results()["checkpoint"]
-    # Parameters only (no AdamW moments), nothing donated.
-    assert m.alias_bytes == 0
-    assert m.argument_bytes < 0.5 * train.argument_bytes * 2
+
+
+def test_over_capacity_reports_the_true_peak_and_does_not_fit():
+    # A 15.75 GiB v5e device and an unrolled step whose activations need far more: the
+    # compile still finishes (no-crash-on-OOM) and reports the whole peak.
+    job = _jobs("tiny-e2b", resolve_target("v5e", 1), seq=4096, batch=256, strategies=["unrolled"])
+    m = compile_job(job["unrolled"])
+    assert m.ok and m.capacity_bytes == round(15.75 * 2**30)
+    assert m.peak_bytes > m.capacity_bytes and m.fits is False

@@ -1,0 +1,45 @@
+"""Real compiles of small configurations on the CPU backend."""
+
+import functools
+
+import pytest
+
+from memprobe.compile import compile_job
+from memprobe.plan import Step, make_plan
+from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue, select
+from memprobe.targets import resolve_target
+
+CATALOGUE = load_catalogue()
+
+
+def _jobs(model, target, seq, batch, strategies=DEFAULT_STRATEGIES, step=Step.TRAIN):
+    plan = make_plan(model=model, strategies=select(CATALOGUE, strategies), target=target,
+                     seq_len=seq, batch_per_device=batch, step=step)
+    return plan.jobs_by_strategy()
+
+
+@functools.cache
+def cpu_results():
+    jobs = _jobs("tiny-e2b", resolve_target("cpu", 2), seq=512, batch=1)
+    return {name: compile_job(job) for name, job in jobs.items()}
+
+
+@pytest.mark.parametrize("name", DEFAULT_STRATEGIES)
+def test_every_strategy_compiles_on_cpu(name):
+    m = cpu_results()[name]
+    assert m.ok and m.platform == "cpu" and m.num_devices == 2
+    assert m.temp_bytes > 0 and m.argument_bytes > 0
+    # Parameters and both AdamW moments are donated: arguments alias outputs.
+    assert m.alias_bytes > 0.9 * m.argument_bytes
+    assert m.peak_bytes == m.argument_bytes + m.output_bytes - m.alias_bytes + m.temp_bytes
+    assert m.capacity_bytes is None and m.fits is None and not m.stands_for_accelerator
+
+
+def test_grad_step_has_no_optimizer_state():
+    jobs = _jobs("tiny-e2b", resolve_target("cpu", 1), seq=256, batch=1, strategies=["checkpoint"],
+                 step=Step.GRAD)
+    m = compile_job(jobs["checkpoint"])
+    train = cpu_results()["checkpoint"]
+    # Parameters only (no AdamW moments), nothing donated.
+    assert m.alias_bytes == 0
+    assert m.argument_bytes < 0.5 * train.argument_bytes * 2
