@@ -7,7 +7,16 @@ the isolated per-strategy processes, as users do.
 import os
 
 from memprobe.compile import compile_environment
+from memprobe.plan import Step, make_plan
+from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue, select
 from memprobe.targets import resolve_target
 
 # Four CPU devices, so CPU tests can shard; TPU tests use libtpu's compile-only devices.
 os.environ.update(compile_environment(resolve_target("cpu", 4)))
+
+
+def jobs_for(model, target, seq, batch, strategies=DEFAULT_STRATEGIES, step=Step.TRAIN):
+    """The compile jobs of a comparison, by strategy name."""
+    plan = make_plan(model=model, strategies=select(load_catalogue(), strategies), target=target,
+                     seq_len=seq, batch_per_device=batch, step=step)
+    return plan.jobs_by_strategy()

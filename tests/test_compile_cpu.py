@@ -5,22 +5,14 @@ import functools
 import pytest
 
 from memprobe.compile import compile_job
-from memprobe.plan import Step, make_plan
-from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue, select
+from conftest import jobs_for
+from memprobe.plan import Step
+from memprobe.strategy import DEFAULT_STRATEGIES
 from memprobe.targets import resolve_target
-
-CATALOGUE = load_catalogue()
-
-
-def _jobs(model, target, seq, batch, strategies=DEFAULT_STRATEGIES, step=Step.TRAIN):
-    plan = make_plan(model=model, strategies=select(CATALOGUE, strategies), target=target,
-                     seq_len=seq, batch_per_device=batch, step=step)
-    return plan.jobs_by_strategy()
-
 
 @functools.cache
 def cpu_results():
-    jobs = _jobs("tiny-e2b", resolve_target("cpu", 2), seq=512, batch=1)
+    jobs = jobs_for("tiny-e2b", resolve_target("cpu", 2), seq=512, batch=1)
     return {name: compile_job(job) for name, job in jobs.items()}
 
 
@@ -36,7 +28,7 @@ def test_every_strategy_compiles_on_cpu(name):
 
 
 def test_grad_step_has_no_optimizer_state():
-    jobs = _jobs("tiny-e2b", resolve_target("cpu", 1), seq=256, batch=1, strategies=["checkpoint"],
+    jobs = jobs_for("tiny-e2b", resolve_target("cpu", 1), seq=256, batch=1, strategies=["checkpoint"],
                  step=Step.GRAD)
     m = compile_job(jobs["checkpoint"])
     train = cpu_results()["checkpoint"]

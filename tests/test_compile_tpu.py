@@ -6,23 +6,14 @@ import functools
 import pytest
 
 from memprobe.compile import compile_job
-from memprobe.plan import Step, make_plan
-from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue, select
+from conftest import jobs_for
+from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue
 from memprobe.targets import resolve_target
-
-CATALOGUE = load_catalogue()
-
-
-def _jobs(model, target, seq, batch, strategies=DEFAULT_STRATEGIES, step=Step.TRAIN):
-    plan = make_plan(model=model, strategies=select(CATALOGUE, strategies), target=target,
-                     seq_len=seq, batch_per_device=batch, step=step)
-    return plan.jobs_by_strategy()
-
 
 @functools.cache
 def tpu_results():
     """The four families on a 4-device v5p, tiny E2B-shaped model: compiled once per session."""
-    jobs = _jobs("tiny-e2b", resolve_target("v5p", 4), seq=1024, batch=2)
+    jobs = jobs_for("tiny-e2b", resolve_target("v5p", 4), seq=1024, batch=2)
     return {name: compile_job(job, keep_hlo=True) for name, job in jobs.items()}
 
 
@@ -50,8 +41,8 @@ def test_scan_checkpoint_keeps_its_one_trip_loops():
 
 
 def test_without_the_trip_count_attribute_the_scan_is_inlined():
-    s = dataclasses.replace(CATALOGUE["scan-checkpoint"], name="scan-no-attr", trip_count_one=False)
-    job = _jobs("tiny-e2b", resolve_target("v5p", 4), seq=1024, batch=2, strategies=["checkpoint"])["checkpoint"]
+    s = dataclasses.replace(load_catalogue()["scan-checkpoint"], name="scan-no-attr", trip_count_one=False)
+    job = jobs_for("tiny-e2b", resolve_target("v5p", 4), seq=1024, batch=2, strategies=["checkpoint"])["checkpoint"]
     m = compile_job(dataclasses.replace(job, strategy=s))
     kept = tpu_results()["scan-checkpoint"][0]
     assert m.while_loops < kept.while_loops
@@ -68,7 +59,7 @@ def test_offload_moves_bytes_to_host_on_tpu():
 def test_over_capacity_reports_the_true_peak_and_does_not_fit():
     # A 15.75 GiB v5e device and an unrolled step whose activations need far more: the
     # compile still finishes (no-crash-on-OOM) and reports the whole peak.
-    job = _jobs("tiny-e2b", resolve_target("v5e", 1), seq=4096, batch=256, strategies=["unrolled"])
+    job = jobs_for("tiny-e2b", resolve_target("v5e", 1), seq=4096, batch=256, strategies=["unrolled"])
     m = compile_job(job["unrolled"])
     assert m.ok and m.capacity_bytes == round(15.75 * 2**30)
     assert m.peak_bytes > m.capacity_bytes and m.fits is False

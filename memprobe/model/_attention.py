@@ -64,6 +64,14 @@ def _slice(x, start, block):
     return jax.lax.dynamic_slice_in_dim(x, start, block, axis=1)
 
 
+def _score_block(q_blk, q_pos, k, v, i, j, window, block, back):
+    """Key/value block j of query block i, its raw scores [B, K, G, bq, bk] and mask."""
+    start, k_pos = _key_range(i, j, window, block, back)
+    k_blk, v_blk = _slice(k, start, block), _slice(v, start, block)
+    s = jnp.einsum("bqkgh,bskh->bkgqs", q_blk, k_blk, preferred_element_type=jnp.float32)
+    return start, k_blk, v_blk, s, _mask(q_pos, k_pos, window)
+
+
 def _forward(q, k, v, window, block, scale):
     b, t, n, h = q.shape
     kh = k.shape[2]
@@ -79,10 +87,7 @@ def _forward(q, k, v, window, block, scale):
 
         def step(state, j):
             m, l, acc = state
-            start, k_pos = _key_range(i, j, window, block, back)
-            k_blk, v_blk = _slice(k, start, block), _slice(v, start, block)
-            s = jnp.einsum("bqkgh,bskh->bkgqs", q_blk, k_blk, preferred_element_type=jnp.float32)
-            keep = _mask(q_pos, k_pos, window)
+            _, _, v_blk, s, keep = _score_block(q_blk, q_pos, k, v, i, j, window, block, back)
             s = jnp.where(keep, s * scale, _NEG_INF)
             m_new = jnp.maximum(m, s.max(-1))
             p = jnp.where(keep, jnp.exp(s - m_new[..., None]), 0.0)
@@ -128,10 +133,7 @@ def _backward(q, k, v, out, lse, d_out, window, block, scale):
 
         def step(inner, j):
             dq, dk_acc, dv_acc = inner
-            start, k_pos = _key_range(i, j, window, block, back)
-            k_blk, v_blk = _slice(k, start, block), _slice(v, start, block)
-            s = jnp.einsum("bqkgh,bskh->bkgqs", q_blk, k_blk, preferred_element_type=jnp.float32)
-            keep = _mask(q_pos, k_pos, window)
+            start, k_blk, v_blk, s, keep = _score_block(q_blk, q_pos, k, v, i, j, window, block, back)
             p = jnp.where(keep, jnp.exp(s * scale - lse_blk[..., None]), 0.0)
             dv = jnp.einsum("bkgqs,bqkgh->bskh", p.astype(do_blk.dtype), do_blk,
                             preferred_element_type=jnp.float32)

@@ -132,53 +132,20 @@ GEMMA4_E4B = gemma4_small_config(
 
 # Tiny presets keep the full architecture (PLE, KV sharing, both attention kinds, the
 # doubled shared MLP) at sizes that compile in seconds: for tests and quick trials.
-TINY_E2B = gemma4_small_config(
-    name="tiny-e2b",
-    width=128,
-    num_layers=5,
-    num_kv_heads=1,
-    num_kv_shared_layers=2,
-    sliding_per_global=1,
-    double_shared_mlp=True,
-    vocab_size=512,
-    num_heads=4,
-    sliding_head_dim=32,
-    global_head_dim=64,
-    sliding_window=64,
-    per_layer_dim=16,
-)
+_TINY_SIZES = dict(vocab_size=512, num_heads=4, sliding_head_dim=32, global_head_dim=64,
+                   sliding_window=64, per_layer_dim=16, width=128)
 
-TINY_E4B = gemma4_small_config(
-    name="tiny-e4b",
-    width=128,
-    num_layers=6,
-    num_kv_heads=2,
-    num_kv_shared_layers=2,
-    sliding_per_global=2,
-    double_shared_mlp=False,
-    vocab_size=512,
-    num_heads=4,
-    sliding_head_dim=32,
-    global_head_dim=64,
-    sliding_window=64,
-    per_layer_dim=16,
-)
+TINY_E2B = gemma4_small_config(name="tiny-e2b", num_layers=5, num_kv_heads=1, num_kv_shared_layers=2,
+                               sliding_per_global=1, double_shared_mlp=True, **_TINY_SIZES)
 
-# A deeper, wider tiny model where remat visibly pays: activations dwarf parameters.
+TINY_E4B = gemma4_small_config(name="tiny-e4b", num_layers=6, num_kv_heads=2, num_kv_shared_layers=2,
+                               sliding_per_global=2, double_shared_mlp=False, **_TINY_SIZES)
+
+# A deeper, wider small model where remat visibly pays: activations dwarf parameters.
 SMALL_DEEP = gemma4_small_config(
-    name="small-deep",
-    width=256,
-    num_layers=12,
-    num_kv_heads=1,
-    num_kv_shared_layers=4,
-    sliding_per_global=3,
-    double_shared_mlp=True,
-    vocab_size=1024,
-    num_heads=4,
-    sliding_head_dim=64,
-    global_head_dim=128,
-    sliding_window=128,
-    per_layer_dim=32,
+    name="small-deep", width=256, num_layers=12, num_kv_heads=1, num_kv_shared_layers=4,
+    sliding_per_global=3, double_shared_mlp=True, vocab_size=1024, num_heads=4,
+    sliding_head_dim=64, global_head_dim=128, sliding_window=128, per_layer_dim=32,
 )
 
 PRESETS: dict[str, ModelConfig] = {
