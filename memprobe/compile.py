@@ -152,14 +152,19 @@ def _worker_main(job_path: str, result_path: str) -> int:
     return 0
 
 
+_GLOG_PREFIX = re.compile(r"^[FEWI]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ")
+
+
 def _log_reason(log_path: str) -> str:
+    """The most telling line a crashed compile left in its log: a failed CHECK first."""
     try:
-        lines = [l for l in Path(log_path).read_text(errors="replace").splitlines() if l.strip()]
+        lines = [l.strip() for l in Path(log_path).read_text(errors="replace").splitlines() if l.strip()]
     except OSError:
         return ""
-    for line in reversed(lines):
-        if any(k in line for k in ("Error", "error", "RESOURCE_EXHAUSTED", "Killed")):
-            return one_line(line)
+    for keys in (("Check failed",), ("RESOURCE_EXHAUSTED", "MemoryError"), ("Error", "error")):
+        for line in reversed(lines):
+            if any(k in line for k in keys):
+                return one_line(_GLOG_PREFIX.sub("", line))
     return ""
 
 
