@@ -35,5 +35,6 @@ StepKind = Annotated[Step, typer.Option("--step", help="train: forward, backward
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds one strategy's compile may take.")]
 
 DEFAULTS = {"model": DEFAULT_MODEL, "target": DEFAULT_TARGET}
-Jobs = Annotated[int, typer.Option("--jobs", help="Strategies compiled at once, each in its own process "
-                                   "(a full-size compile can take 10+ GB of host memory).")]
+Jobs = Annotated[int | None, typer.Option(
+    "--jobs", help="Strategies compiled at once, each in its own process (default: one per core, "
+    "as many as free host memory holds at 10 GiB each).")]

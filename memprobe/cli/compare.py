@@ -10,7 +10,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from memprobe.cli import _options as o
 from memprobe.errors import BadInput
-from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs
+from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_parallel
 from memprobe.plan import Step, make_plan
 from memprobe.render import table
 from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue, select
@@ -30,7 +30,7 @@ def compare(
     loss_chunks: o.LossChunks = None,
     step: o.StepKind = Step.TRAIN,
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
-    jobs: o.Jobs = 1,
+    jobs: o.Jobs = None,
 ) -> int:
     """Compile the train step under each strategy and rank them by per-device peak HBM.
 
@@ -45,8 +45,9 @@ def compare(
     plan = make_plan(model=model, strategies=select(catalogue, names),
                      target=resolve_target(target, devices, topology), seq_len=seq,
                      batch_per_device=batch, loss_chunks=loss_chunks, step=step)
-    if jobs < 1:
+    if jobs is not None and jobs < 1:
         raise BadInput(f"--jobs must be a positive integer, got {jobs}")
+    jobs = jobs or default_parallel(len(plan.strategies))
     started = time.monotonic()
     measurements = _compile_with_progress(plan, timeout, jobs)
     Console(stderr=True).print(f"memprobe: {len(measurements)} compiles in "
