@@ -83,10 +83,6 @@ class Strategy:
         if self.trip_count_one and self.loop is not Loop.SCAN_CHECKPOINT:
             raise BadInput(f"{where}: trip_count_one: only a scan-checkpoint loop has a one-trip loop")
 
-    @property
-    def offloads(self) -> bool:
-        return bool(self.offload)
-
     def knobs(self) -> dict[str, object]:
         """The canonical form shown in reports: every knob, explicit."""
         return {
@@ -98,9 +94,6 @@ class Strategy:
             "prevent_cse": self.prevent_cse,
             "trip_count_one": self.trip_count_one,
         }
-
-    def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, "description": self.description, **self.knobs()}
 
     def layer_runner(self):
         """The ``LayerRunner`` that applies this strategy in the model's layer loop."""

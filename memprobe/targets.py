@@ -67,13 +67,6 @@ class Target:
             return f"{self.topology} ({self.num_devices} devices)"
         return f"{self.name} ({self.num_devices} device{'s' if self.num_devices > 1 else ''})"
 
-    @property
-    def stands_for_accelerator(self) -> bool:
-        """CPU figures describe XLA's CPU backend, not any accelerator."""
-        return self.platform != "cpu"
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def _tpu_topology_devices(kind: TpuKind, topology: str) -> int:

@@ -52,6 +52,8 @@ def test_timed_out_compile_is_a_failed_row_and_exit_1():
     (["--target", "v5p", "--topology", "v5p:3x3x3", "--model", "tiny-e2b", "--seq", "512"],
      "libtpu rejects 'v5p:3x3x3'"),
     (["--strategy-file", "/nonexistent/mine.toml"], "/nonexistent/mine.toml: strategy file not found"),
+    (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0.0"),
+    (["--jobs", "0"], "--jobs must be a positive integer, got 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     r = memprobe("compare", *args)

@@ -47,6 +47,8 @@ def compare(
                      batch_per_device=batch, loss_chunks=loss_chunks, step=step)
     if jobs is not None and jobs < 1:
         raise BadInput(f"--jobs must be a positive integer, got {jobs}")
+    if timeout <= 0:
+        raise BadInput(f"--timeout must be a positive number of seconds, got {timeout}")
     jobs = jobs or default_parallel(len(plan.strategies))
     started = time.monotonic()
     measurements = _compile_with_progress(plan, timeout, jobs)
