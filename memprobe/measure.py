@@ -90,6 +90,3 @@ class Measurement:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
-
-def gib(n: int | float | None) -> str:
-    return "-" if n is None else f"{n / GIB:.2f}"

@@ -7,12 +7,11 @@ from typing import Annotated
 
 import typer
 
-from memprobe.plan import DEFAULT_MODEL, Step
-from memprobe.targets import DEFAULT_TARGET
+from memprobe.plan import Step
 
 Seq = Annotated[int, typer.Option("--seq", help="Sequence length (tokens per example).")]
 Batch = Annotated[int, typer.Option("--batch", help="Per-device batch (MaxText's per_device_batch_size).")]
-Model = Annotated[str, typer.Option("--model", help="Model preset; see `memprobe targets` for targets.")]
+Model = Annotated[str, typer.Option("--model", help="Model preset: gemma4-e2b, gemma4-e4b, or tiny-e2b, tiny-e4b, small-deep for quick trials.")]
 Target = Annotated[str, typer.Option("--target", help="tpu7x, v6e, v5p, v5e, v4 (deviceless) or cpu.")]
 Devices = Annotated[int | None, typer.Option("--devices", help="Device count (default: the target's).")]
 Topology = Annotated[str | None, typer.Option("--topology", help="TPU topology, e.g. v5p:2x2x1.")]
@@ -34,7 +33,6 @@ LossChunks = Annotated[
 StepKind = Annotated[Step, typer.Option("--step", help="train: forward, backward and AdamW update; grad: loss and gradients only.")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds one strategy's compile may take.")]
 
-DEFAULTS = {"model": DEFAULT_MODEL, "target": DEFAULT_TARGET}
 Jobs = Annotated[int | None, typer.Option(
     "--jobs", help="Strategies compiled at once, each in its own process (default: one per core, "
     "as many as free host memory holds at 10 GiB each).")]

@@ -9,19 +9,19 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from memprobe.cli import _options as o
-from memprobe.errors import BadInput
 from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_parallel
-from memprobe.plan import Step, make_plan
+from memprobe.errors import BadInput
+from memprobe.plan import DEFAULT_MODEL, Step, make_plan
 from memprobe.render import table
 from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue, select
-from memprobe.targets import resolve_target
+from memprobe.targets import DEFAULT_TARGET, resolve_target
 
 
 def compare(
     seq: o.Seq = 24576,
     batch: o.Batch = 8,
-    model: o.Model = o.DEFAULTS["model"],
-    target: o.Target = o.DEFAULTS["target"],
+    model: o.Model = DEFAULT_MODEL,
+    target: o.Target = DEFAULT_TARGET,
     devices: o.Devices = None,
     topology: o.Topology = None,
     strategies: o.Strategies = None,
