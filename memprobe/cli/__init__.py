@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-
 import typer
 from rich.console import Console
+from typer.exceptions import Abort, Exit, TyperException
 
 from memprobe.cli import compare, strategies, targets
 from memprobe.errors import MemprobeError
-from typer.exceptions import Abort, Exit, TyperException
 
 app = typer.Typer(
     name="memprobe",
@@ -44,6 +42,3 @@ def main(argv: list[str] | None = None) -> int:
         err.print("memprobe: interrupted", markup=False)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

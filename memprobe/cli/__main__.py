@@ -1,5 +1,0 @@
-import sys
-
-from memprobe.cli import main
-
-sys.exit(main())
