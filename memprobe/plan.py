@@ -86,6 +86,10 @@ def make_plan(*, model: str, strategies: list[Strategy], target: Target, seq_len
     cfg = resolve_model(model)
     if not strategies:
         raise BadInput("--strategies: choose at least one strategy")
+    for s in strategies:
+        if s.offload and not target.has_host_memory:
+            raise BadInput(f"{s.where}: offload: target {target.name} has no host memory space "
+                           "to offload to")
     if isinstance(seq_len, int) and seq_len >= 1 and loss_chunks is None:
         loss_chunks = default_loss_chunks(seq_len)
     shapes = Shapes(seq_len=seq_len, batch_per_device=batch_per_device, loss_chunks=loss_chunks)

@@ -37,7 +37,7 @@ def checkpoint_policy(strategy: Strategy):
 def make_layer_runner(strategy: Strategy):
     if strategy.loop is Loop.UNROLLED:
         return run_directly
-    policy = checkpoint_policy(strategy)
+    policy = checkpoint_policy(strategy.as_compiled())
     in_scan = strategy.loop is Loop.SCAN_CHECKPOINT
 
     def run(step: LayerStep, x, per_layer_input, kv):

@@ -95,6 +95,25 @@ class Strategy:
             "trip_count_one": self.trip_count_one,
         }
 
+    @property
+    def where(self) -> str:
+        """The file that defines this strategy, for error messages."""
+        return f"strategies/{self.name}.toml" if self.source == "built-in" else self.source
+
+    @property
+    def offload_kept_on_device(self) -> bool:
+        """Offloaded residuals cannot cross a kept one-trip loop: libtpu 0.0.50 fails with
+        INTERNAL errors (a bitcast between memory spaces, a while-loop shape mismatch),
+        whether the offload is inside the scan or around it. As MaxText does, such a
+        strategy saves those tensors on device instead."""
+        return bool(self.offload) and self.loop is Loop.SCAN_CHECKPOINT and self.trip_count_one
+
+    def as_compiled(self) -> "Strategy":
+        """The strategy as it is compiled: offload names saved on device where they must be."""
+        if not self.offload_kept_on_device:
+            return self
+        return dataclasses.replace(self, save=(*self.save, *self.offload), offload=())
+
     def layer_runner(self):
         """The ``LayerRunner`` that applies this strategy in the model's layer loop."""
         from memprobe.remat import make_layer_runner  # imports JAX: only when building

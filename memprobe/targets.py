@@ -62,6 +62,11 @@ class Target:
     hbm_bytes: int | None = None
 
     @property
+    def has_host_memory(self) -> bool:
+        """Whether the compiler has a pinned-host memory space to offload to (CPU: no)."""
+        return self.platform != "cpu"
+
+    @property
     def label(self) -> str:
         if self.topology:
             return f"{self.topology} ({self.num_devices} devices)"

@@ -20,6 +20,26 @@ def test_every_shipped_strategy_file_loads():
         assert s.name == p.stem and s.description
 
 
+def test_catalogue_has_at_least_eight_builtins_each_with_every_knob():
+    catalogue = load_catalogue()
+    assert len(catalogue) >= 8
+    for name in ("dots-no-batch", "minimal", "offload-mlp", "scan-offload"):
+        assert name in catalogue
+    for s in catalogue.values():
+        assert list(s.knobs()) == ["loop", "policy", "save", "offload", "shared_kv_inside",
+                                   "prevent_cse", "trip_count_one"]
+    assert catalogue["minimal"].save == ("query_proj", "key_proj", "value_proj", "attention_out")
+
+
+def test_offload_across_a_kept_one_trip_loop_is_saved_on_device():
+    catalogue = load_catalogue()
+    compiled = catalogue["scan-offload"].as_compiled()
+    assert compiled.offload == () and compiled.save == ("layer_input",)
+    # Where the loop is inlined or absent, offload stays offload.
+    assert catalogue["offload"].as_compiled() is catalogue["offload"]
+    assert catalogue["offload-mlp"].as_compiled().offload == ("mlp_hidden",)
+
+
 def test_catalogue_keeps_the_families_first():
     assert list(load_catalogue())[:4] == list(DEFAULT_STRATEGIES)
 
