@@ -20,11 +20,15 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from memprobe.errors import BadInput
 from memprobe.measure import Measurement
 from memprobe.plan import CompileJob
 from memprobe.targets import Target
+
+if TYPE_CHECKING:
+    from memprobe.cache import ResultCache
 
 DEFAULT_TIMEOUT_S = 3600.0
 
@@ -239,19 +243,35 @@ def default_parallel(num_jobs: int) -> int:
 
 
 def compile_jobs(jobs: list[CompileJob], *, timeout_s: float = DEFAULT_TIMEOUT_S, parallel: int = 1,
-                 on_event: Event | None = None) -> list[Measurement]:
-    """Compiles every job in its own process, ``parallel`` at a time; results keep the jobs' order."""
+                 on_event: Event | None = None, cache: "ResultCache | None" = None) -> list[Measurement]:
+    """Compiles every job in its own process, ``parallel`` at a time; results keep the jobs' order.
+
+    With a ``cache``, a job already measured is answered from it (event ``cached``) and
+    every new successful measurement is stored as soon as it finishes.
+    """
+    answered = {}
+    if cache is not None:
+        for i, job in enumerate(jobs):
+            hit = cache.get(job, compile_environment(job.target))
+            if hit is not None:
+                answered[i] = hit
+                if on_event:
+                    on_event(i, "cached", 0.0)
 
     def run(i: int) -> Measurement:
+        if i in answered:
+            return answered[i]
         if on_event:
             on_event(i, "compiling", 0.0)
         tick = (lambda e: on_event(i, "compiling", e)) if on_event else None
         m = compile_isolated(jobs[i], timeout_s, tick)
+        if cache is not None:
+            cache.put(jobs[i], compile_environment(jobs[i].target), m)
         if on_event:
             on_event(i, "done" if m.ok else "failed", (m.compile_seconds or 0.0))
         return m
 
-    if parallel <= 1 or len(jobs) <= 1:
+    if parallel <= 1 or len(jobs) - len(answered) <= 1:
         return [run(i) for i in range(len(jobs))]
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         return list(pool.map(run, range(len(jobs))))

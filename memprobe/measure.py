@@ -14,7 +14,10 @@ CPU backend it counts only arguments and outputs.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
+
+from memprobe.errors import BadInput
 
 GIB = 1024**3
 
@@ -52,6 +55,7 @@ class Measurement:
     parameter_count: int | None = None
     while_loops: int | None = None
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    cached: bool = False  # answered from the results cache, not compiled in this run
 
     @property
     def ok(self) -> bool:
@@ -90,3 +94,16 @@ class Measurement:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
+
+_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": GIB, "tib": 1024**4,
+          "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(text: str, option: str) -> int:
+    """'90GiB', '96 GB', '512MiB', '1234' (bytes) -> bytes."""
+    m = _SIZE.fullmatch(text)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS and unit:
+        raise BadInput(f"{option}: {text!r} is not a size like 90GiB, 96GB or 512MiB")
+    return int(float(m.group(1)) * _UNITS[unit or "b"])

@@ -5,6 +5,7 @@ the isolated per-strategy processes, as users do.
 """
 
 import os
+import tempfile
 
 from memprobe.compile import compile_environment
 from memprobe.plan import Step, make_plan
@@ -13,6 +14,8 @@ from memprobe.targets import resolve_target
 
 # Four CPU devices, so CPU tests can shard; TPU tests use libtpu's compile-only devices.
 os.environ.update(compile_environment(resolve_target("cpu", 4)))
+# A results cache of this test process's own, so no answer comes from an earlier run.
+os.environ["MEMPROBE_CACHE_DIR"] = tempfile.mkdtemp(prefix="memprobe-test-cache-")
 
 
 def jobs_for(model, target, seq, batch, strategies=DEFAULT_STRATEGIES, step=Step.TRAIN):

@@ -1,0 +1,131 @@
+"""The results cache: a finished measurement, stored under a key of all that decides it.
+
+A full-size compile takes half an hour here, so a repeated comparison answers from this
+cache instead. The key is a hash of what determines the compiled program and its figures:
+
+- the model configuration, the strategy's knobs, the target and topology, the shapes and
+  the step;
+- the versions of jax, jaxlib, libtpu, flax and optax, and the compiler flags
+  (``LIBTPU_INIT_ARGS``, ``XLA_FLAGS``) the compile process runs with;
+- a fingerprint of memprobe's own sources that build the program (the model, the
+  strategy wrapper, the train step) and ``FORMAT``, bumped when the way a record is read
+  from the compiler changes.
+
+The key is computed without tracing: hashing the lowered program would cost a full trace
+and lowering (about a minute at full size) on every cache hit. Only successful
+measurements are stored; a failure may be transient (a timeout, host memory).
+
+Each entry is one JSON file written atomically (temporary file, then ``os.replace``) and
+carries a checksum of its measurement; an entry that does not parse, has the wrong key or
+fails its checksum is treated as missing, so that job compiles again.
+
+We do not use JAX's persistent compilation cache: executables loaded from it can lose
+their memory statistics, and the figures are all memprobe needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from memprobe.measure import Measurement
+from memprobe.plan import CompileJob
+
+FORMAT = 1
+_PACKAGE = Path(__file__).resolve().parent
+# The sources that build the program. The strategy enters the key by its knobs as
+# compiled; how a record is read from the compiler is covered by FORMAT.
+_PROGRAM_SOURCES = ("model", "remat.py", "build.py")
+
+
+def default_dir() -> Path:
+    if os.environ.get("MEMPROBE_CACHE_DIR"):
+        return Path(os.environ["MEMPROBE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "memprobe"
+
+
+@cache
+def source_fingerprint() -> str:
+    h = hashlib.sha256()
+    for name in _PROGRAM_SOURCES:
+        p = _PACKAGE / name
+        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
+            h.update(f.relative_to(_PACKAGE).as_posix().encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for pkg in ("jax", "jaxlib", "libtpu", "flax", "optax"):
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def key_fields(job: CompileJob, env: dict[str, str]) -> dict[str, Any]:
+    """Everything the key is made of, readable (it is stored in the entry too)."""
+    return {
+        "format": FORMAT,
+        "sources": source_fingerprint(),
+        "model": dataclasses.asdict(job.model),
+        "strategy": job.strategy.as_compiled().knobs(),
+        "target": dataclasses.asdict(job.target),
+        "shapes": dataclasses.asdict(job.shapes),
+        "step": job.step.value,
+        "versions": _versions(),
+        "flags": {k: env.get(k, "") for k in ("LIBTPU_INIT_ARGS", "XLA_FLAGS")},
+    }
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class ResultCache:
+    def __init__(self, directory: Path | None = None):
+        self.directory = Path(directory) if directory else default_dir()
+
+    def _path(self, key: dict[str, Any]) -> Path:
+        return self.directory / f"{_digest(key)}.json"
+
+    def get(self, job: CompileJob, env: dict[str, str]) -> Measurement | None:
+        """The stored measurement for ``job``, renamed to its strategy; None when absent or bad."""
+        key = key_fields(job, env)
+        try:
+            entry = json.loads(self._path(key).read_text())
+            record = entry["measurement"]
+            if entry["key"] != json.loads(json.dumps(key, default=str)) or entry["checksum"] != _digest(record):
+                return None
+            m = Measurement.from_dict(record)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        # Two strategy files with the same knobs share an entry; the row keeps its own name.
+        return dataclasses.replace(m, strategy=job.strategy.name, strategy_knobs=job.strategy.knobs(),
+                                   cached=True)
+
+    def put(self, job: CompileJob, env: dict[str, str], m: Measurement) -> None:
+        """Stores a successful measurement; a cache that cannot be written is skipped silently."""
+        if not m.ok:
+            return
+        key = key_fields(job, env)
+        record = dataclasses.replace(m, cached=False).to_dict()
+        entry = {"key": key, "checksum": _digest(record), "measurement": record}
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".entry-", suffix=".part")
+            with os.fdopen(fd, "w") as f:
+                json.dump(entry, f, default=str)
+            os.replace(tmp, self._path(key))
+        except OSError:
+            pass

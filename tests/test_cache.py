@@ -1,0 +1,46 @@
+"""The results cache: a hit gives back the same figures; a damaged entry is compiled again."""
+
+import dataclasses
+import json
+
+from conftest import jobs_for
+from memprobe.cache import ResultCache
+from memprobe.compile import compile_environment, compile_jobs
+from memprobe.targets import resolve_target
+
+
+def _run(job, cache):
+    events = []
+    [m] = compile_jobs([job], cache=cache, on_event=lambda i, state, e: events.append(state))
+    return m, events
+
+
+def test_cache_hit_is_identical_and_damage_is_recompiled(tmp_path):
+    jobs = jobs_for("tiny-e2b", resolve_target("cpu", 1), seq=256, batch=1, strategies=["checkpoint", "unrolled"])
+    job = jobs["checkpoint"]
+    cache = ResultCache(tmp_path)
+    env = compile_environment(job.target)
+
+    cold, events = _run(job, cache)
+    assert cold.ok and not cold.cached and "compiling" in events
+    [entry] = list(tmp_path.glob("*.json"))
+    # Another strategy (other knobs) has no entry.
+    assert cache.get(jobs["unrolled"], env) is None
+
+    warm, events = _run(job, cache)
+    assert warm.cached and events == ["cached"]
+    assert dataclasses.replace(warm, cached=False).to_dict() == cold.to_dict()
+
+    # An edited figure fails the entry's checksum: treated as missing.
+    data = json.loads(entry.read_text())
+    data["measurement"]["temp_bytes"] += 1
+    entry.write_text(json.dumps(data))
+    assert cache.get(job, env) is None
+
+    # A truncated entry (a write cut short) is compiled again and rewritten whole.
+    entry.write_text(entry.read_text()[:100])
+    again, events = _run(job, cache)
+    assert not again.cached and "compiling" in events
+    assert again.temp_bytes == cold.temp_bytes
+    assert cache.get(job, env).temp_bytes == cold.temp_bytes
+
