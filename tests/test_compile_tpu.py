@@ -6,18 +6,23 @@ import functools
 import pytest
 
 from memprobe.compile import compile_job
+from memprobe.flags import COLLAPSED, OFFLOAD_INERT, sanity_flags
 from conftest import jobs_for
 from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue
 from memprobe.targets import resolve_target
 
+TPU_STRATEGIES = (*DEFAULT_STRATEGIES, "scan-offload")
+
+
 @functools.cache
 def tpu_results():
-    """The four families on a 4-device v5p, tiny E2B-shaped model: compiled once per session."""
-    jobs = jobs_for("tiny-e2b", resolve_target("v5p", 4), seq=1024, batch=2)
+    """The four families and scan-offload on a 4-device v5p, tiny E2B-shaped model:
+    compiled once per session."""
+    jobs = jobs_for("tiny-e2b", resolve_target("v5p", 4), seq=1024, batch=2, strategies=TPU_STRATEGIES)
     return {name: compile_job(job, keep_hlo=True) for name, job in jobs.items()}
 
 
-@pytest.mark.parametrize("name", DEFAULT_STRATEGIES)
+@pytest.mark.parametrize("name", TPU_STRATEGIES)
 def test_every_strategy_compiles_deviceless_for_tpu(name):
     m, _ = tpu_results()[name]
     assert m.ok and m.platform == "tpu" and m.topology == "v5p:2x2x1"
@@ -54,4 +59,14 @@ def test_offload_moves_bytes_to_host_on_tpu():
     assert r["checkpoint"][0].host_temp_bytes == 0
 
 
-
+def test_offload_inside_a_kept_one_trip_loop_is_inert_and_collapses():
+    r = tpu_results()
+    measurements = [r[n][0] for n in TPU_STRATEGIES]
+    kinds = {name: [f.kind for f in fl] for name, fl in sanity_flags(measurements).items()}
+    # libtpu cannot take a pinned-host residual across the kept loop, so the offload
+    # request is saved on device: no host bytes, and the same program as scan-checkpoint.
+    assert r["scan-offload"][0].host_bytes == 0
+    assert kinds["scan-offload"] == [COLLAPSED, OFFLOAD_INERT]
+    assert kinds["scan-checkpoint"] == [COLLAPSED]
+    # Flags stay off where they do not apply: real offload, distinct programs, all fit.
+    assert kinds["offload"] == kinds["unrolled"] == kinds["checkpoint"] == []

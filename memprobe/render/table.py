@@ -6,12 +6,17 @@ import math
 from typing import IO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from memprobe.flags import sanity_flags
 from memprobe.measure import GIB, Measurement
 from memprobe.render.frame import comparison_frame
 
 PEAK_FORMULA = "peak = argument + output - alias + temp, per device (compiler estimate)"
+FLOPS_NOTE = ("FLOPs: XLA cost analysis of the compiled step, relative to the first strategy (the "
+              "recompute cost); it counts each while-loop body once, so attention block loops are "
+              "under-counted alike in every strategy.")
 
 
 def _num(value, fmt: str = "{:.2f}", signed: bool = False) -> str:
@@ -34,7 +39,9 @@ def title(m: Measurement) -> str:
 
 def caption(measurements: list[Measurement]) -> str:
     m = measurements[0]
-    lines = [f"GiB = 2^30 bytes; {PEAK_FORMULA}."]
+    lines = [f"{x.strategy} failed: {x.error}" for x in measurements if not x.ok]
+    lines += [f"flag on {f}" for fl in sanity_flags(measurements).values() for f in fl]
+    lines += [f"GiB = 2^30 bytes; {PEAK_FORMULA}.", FLOPS_NOTE]
     if m.capacity_bytes:
         lines.append(f"HBM per device: {m.capacity_bytes / GIB:.2f} GiB, as the TPU compiler enforces it.")
     if not m.stands_for_accelerator:
@@ -49,7 +56,7 @@ def caption(measurements: list[Measurement]) -> str:
 def build_table(measurements: list[Measurement]) -> Table:
     df = comparison_frame(measurements)
     base = measurements[0].strategy
-    t = Table(title=title(measurements[0]), caption=caption(measurements), caption_justify="left")
+    t = Table(title=title(measurements[0]), caption=escape(caption(measurements)), caption_justify="left")
     t.add_column("#", justify="right")
     t.add_column("strategy")
     t.add_column("peak GiB", justify="right", style="bold")
@@ -59,17 +66,20 @@ def build_table(measurements: list[Measurement]) -> Table:
     t.add_column("args GiB", justify="right")
     t.add_column("host GiB", justify="right")
     t.add_column("XLA peak GiB", justify="right")
+    t.add_column(f"FLOPs vs {base}", justify="right")
     t.add_column("verdict")
     t.add_column("compile s", justify="right")
+    t.add_column("flags", style="yellow")
     for row in df.itertuples(index=False):
         if isinstance(row.error, str):
-            t.add_row("-", row.strategy, "-", "-", "-", "-", "-", "-", "-",
-                      f"[red]failed: {row.error}[/]", "-")
+            t.add_row("-", row.strategy, "-", "-", "-", "-", "-", "-", "-", "-",
+                      "[bold red]failed[/]", "-", "")
             continue
         t.add_row(
             str(row.rank), row.strategy, _num(row.peak_gib), _num(row.pct_of_hbm, "{:.0f}%"),
             _num(row.delta_gib, signed=True), _num(row.temp_gib), _num(row.argument_gib),
-            _num(row.host_gib), _num(row.xla_peak_gib), _fits(row.fits), _num(row.compile_s, "{:.0f}"),
+            _num(row.host_gib), _num(row.xla_peak_gib), _num(row.flops_ratio, "{:.2f}x"), _fits(row.fits),
+            "cached" if row.cached else _num(row.compile_s, "{:.0f}"), escape(row.flags),
         )
     return t
 

@@ -1,0 +1,57 @@
+"""Sanity flags: when a figure in a comparison cannot be taken at face value.
+
+- ``collapsed``: two strategies compiled to byte-identical memory figures, so the
+  difference between them did not reach the compiled program (a one-trip scan inlined, a
+  policy that saved nothing new).
+- ``offload inert``: a strategy asks for offloading but no byte reached host memory.
+- ``over capacity``: the per-device peak exceeds the target's HBM.
+
+Flags are computed from measurements alone, at render time, so every format shows the
+same ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from memprobe.measure import GIB, Measurement
+
+COLLAPSED = "collapsed"
+OFFLOAD_INERT = "offload inert"
+OVER_CAPACITY = "over capacity"
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    strategy: str
+    kind: str
+    reason: str  # one phrase
+
+    def __str__(self) -> str:
+        return f"{self.strategy}: {self.kind}: {self.reason}"
+
+
+def _memory_figures(m: Measurement) -> tuple[int, ...]:
+    return (m.argument_bytes, m.output_bytes, m.alias_bytes, m.temp_bytes, m.host_argument_bytes,
+            m.host_output_bytes, m.host_alias_bytes, m.host_temp_bytes)
+
+
+def sanity_flags(measurements: list[Measurement]) -> dict[str, list[Flag]]:
+    """Flags per strategy name (every strategy has an entry, possibly empty)."""
+    flags: dict[str, list[Flag]] = {m.strategy: [] for m in measurements}
+    ok = [m for m in measurements if m.ok]
+    for i, m in enumerate(ok):
+        twins = [o.strategy for j, o in enumerate(ok) if j != i and _memory_figures(o) == _memory_figures(m)]
+        if twins:
+            flags[m.strategy].append(Flag(m.strategy, COLLAPSED, f"same bytes as {', '.join(twins)}"))
+        offload = m.strategy_knobs.get("offload") or []
+        if offload and m.host_bytes == 0:
+            why = "no bytes reached host memory"
+            if m.strategy_knobs.get("loop") == "scan-checkpoint" and m.strategy_knobs.get("trip_count_one"):
+                why += " (offload names are kept on device inside a one-trip loop)"
+            flags[m.strategy].append(Flag(m.strategy, OFFLOAD_INERT, why))
+        if m.capacity_bytes and m.peak_bytes > m.capacity_bytes:
+            flags[m.strategy].append(Flag(
+                m.strategy, OVER_CAPACITY,
+                f"peak {m.peak_bytes / GIB:.2f} GiB > HBM {m.capacity_bytes / GIB:.2f} GiB"))
+    return flags
