@@ -6,7 +6,7 @@ import typer
 from rich.console import Console
 from typer.exceptions import Abort, Exit, TyperException
 
-from memprobe.cli import compare, strategies, targets
+from memprobe.cli import check, compare, report, strategies, targets
 from memprobe.errors import MemprobeError
 
 app = typer.Typer(
@@ -19,6 +19,9 @@ app = typer.Typer(
     add_completion=False,
 )
 app.command("compare")(compare.compare)
+app.command("report")(report.report)
+app.command("baseline")(compare.baseline)
+app.command("check")(check.check)
 app.command("strategies")(strategies.list_strategies)
 app.command("targets")(targets.list_targets)
 

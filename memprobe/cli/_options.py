@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from memprobe.plan import Step
+from memprobe.render import Format
 
 Seq = Annotated[int, typer.Option("--seq", help="Sequence length (tokens per example).")]
 Batch = Annotated[int, typer.Option("--batch", help="Per-device batch (MaxText's per_device_batch_size).")]
@@ -17,8 +18,8 @@ Devices = Annotated[int | None, typer.Option("--devices", help="Device count (de
 Topology = Annotated[str | None, typer.Option("--topology", help="TPU topology, e.g. v5p:2x2x1.")]
 Strategies = Annotated[
     str | None,
-    typer.Option("--strategies", help="Comma-separated strategies (default: the four families). "
-                 "The first is the baseline for deltas."),
+    typer.Option("--strategies", help="Comma-separated strategies, or 'all' for every built-in "
+                 "(default: the four families). The first is the baseline for deltas and FLOPs."),
 ]
 StrategyFile = Annotated[
     list[Path] | None, typer.Option("--strategy-file", help="A strategy TOML file of your own (repeatable).")
@@ -36,3 +37,14 @@ Timeout = Annotated[float, typer.Option("--timeout", help="Seconds one strategy'
 Jobs = Annotated[int | None, typer.Option(
     "--jobs", help="Strategies compiled at once, each in its own process (default: one per core, "
     "as many as free host memory holds at 10 GiB each).")]
+NoCache = Annotated[bool, typer.Option(
+    "--no-cache", help="Compile every strategy again instead of answering from the results cache "
+    "($MEMPROBE_CACHE_DIR, else ~/.cache/memprobe).")]
+
+
+FormatOpt = Annotated[Format, typer.Option("--format", help="table (terminal), markdown (pull "
+                                           "request), json (the result schema), csv, html (with chart).")]
+Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the result to this file "
+                                             "instead of standard output.")]
+Chart = Annotated[Path | None, typer.Option("--chart", help="Also save a PNG chart: per strategy, "
+                                            "the peak's parts stacked, HBM capacity as a line.")]

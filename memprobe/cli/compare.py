@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-import sys
 import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from memprobe.cli import _options as o
+from memprobe.cache import ResultCache
 from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_parallel
 from memprobe.errors import BadInput
-from memprobe.plan import DEFAULT_MODEL, Step, make_plan
-from memprobe.render import table
+from memprobe.measure import Measurement
+from memprobe.plan import DEFAULT_MODEL, Plan, Step, make_plan
+from memprobe.cli._output import check_writable, command_line, write_result
+from memprobe.render import Format
+from memprobe.result import Result
 from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue, select
 from memprobe.targets import DEFAULT_TARGET, resolve_target
 
@@ -31,34 +38,108 @@ def compare(
     step: o.StepKind = Step.TRAIN,
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
     jobs: o.Jobs = None,
+    no_cache: o.NoCache = False,
+    format: o.FormatOpt = Format.TABLE,
+    output: o.Output = None,
+    chart: o.Chart = None,
 ) -> int:
     """Compile the train step under each strategy and rank them by per-device peak HBM.
 
     Figures are the compiler's estimates from memory_analysis(); nothing runs on a device.
     Exit code 1 when any strategy failed to compile (the table still shows the others).
     """
+    plan = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
+                             strategies_dir, loss_chunks, step)
+    check_run_options(timeout, jobs)
+    check_writable(output)
+    check_writable(chart, "--chart")
+    measurements = run_plan(plan, timeout, jobs, no_cache)
+    write_result(Result(measurements, command=command_line()), format, output, chart)
+    return 0 if all(m.ok for m in measurements) else 1
+
+
+def baseline(
+    output: Annotated[Path, typer.Option("--output", "-o", help="The baseline JSON file to write.")],
+    seq: o.Seq = 24576,
+    batch: o.Batch = 8,
+    model: o.Model = DEFAULT_MODEL,
+    target: o.Target = DEFAULT_TARGET,
+    devices: o.Devices = None,
+    topology: o.Topology = None,
+    strategies: o.Strategies = None,
+    strategy_file: o.StrategyFile = None,
+    strategies_dir: o.StrategiesDir = None,
+    loss_chunks: o.LossChunks = None,
+    step: o.StepKind = Step.TRAIN,
+    timeout: o.Timeout = DEFAULT_TIMEOUT_S,
+    jobs: o.Jobs = None,
+    no_cache: o.NoCache = False,
+) -> int:
+    """Compile like `compare` and write the result as a baseline for `memprobe check`.
+
+    Nothing is written when a strategy fails to compile (exit code 1): a baseline must be whole.
+    """
+    plan = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
+                             strategies_dir, loss_chunks, step)
+    check_run_options(timeout, jobs)
+    check_writable(output)
+    measurements = run_plan(plan, timeout, jobs, no_cache)
+    result = Result(measurements, command=command_line())
+    if not all(m.ok for m in measurements):
+        write_result(result, Format.TABLE, None)
+        Console(stderr=True).print(f"memprobe: not writing {output}: a baseline needs every strategy "
+                                   "compiled", highlight=False)
+        return 1
+    write_result(result, Format.JSON, output)
+    return 0
+
+
+def plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
+                      strategies_dir, loss_chunks, step) -> Plan:
     catalogue = load_catalogue(strategy_file or (), strategies_dir or ())
-    names = [n.strip() for n in strategies.split(",") if n.strip()] if strategies else [
-        n for n in DEFAULT_STRATEGIES if n in catalogue]
+    names = strategy_names(catalogue, strategies)
     if strategy_file and not strategies:
         names += [p.stem for p in strategy_file]
-    plan = make_plan(model=model, strategies=select(catalogue, names),
-                     target=resolve_target(target, devices, topology), seq_len=seq,
+    chosen = select(catalogue, names)
+    where = resolve_target(target, devices, topology)
+    if strategies in (None, "all") and not where.has_host_memory:
+        skipped = [s.name for s in chosen if s.offload]
+        chosen = [s for s in chosen if not s.offload]
+        if skipped:
+            Console(stderr=True).print(f"memprobe: skipping {', '.join(skipped)}: {where.name} has no "
+                                       "host memory space to offload to", highlight=False)
+    return make_plan(model=model, strategies=chosen, target=where, seq_len=seq,
                      batch_per_device=batch, loss_chunks=loss_chunks, step=step)
+
+
+def check_run_options(timeout: float, jobs: int | None) -> None:
     if jobs is not None and jobs < 1:
         raise BadInput(f"--jobs must be a positive integer, got {jobs}")
     if timeout <= 0:
         raise BadInput(f"--timeout must be a positive number of seconds, got {timeout}")
+
+
+def run_plan(plan: Plan, timeout: float, jobs: int | None, no_cache: bool) -> list[Measurement]:
+    """Compiles (or answers from the cache) every job of ``plan``, showing progress on stderr."""
     jobs = jobs or default_parallel(len(plan.strategies))
     started = time.monotonic()
-    measurements = _compile_with_progress(plan, timeout, jobs)
-    Console(stderr=True).print(f"memprobe: {len(measurements)} compiles in "
-                               f"{time.monotonic() - started:.0f} s wall time", highlight=False)
-    table.render(measurements, sys.stdout)
-    return 0 if all(m.ok for m in measurements) else 1
+    measurements = _compile_with_progress(plan, timeout, jobs, None if no_cache else ResultCache())
+    cached = sum(m.cached for m in measurements)
+    Console(stderr=True).print(f"memprobe: {len(measurements) - cached} compiled, {cached} from cache, "
+                               f"in {time.monotonic() - started:.0f} s wall time", highlight=False)
+    return measurements
 
 
-def _compile_with_progress(plan, timeout: float, parallel: int):
+def strategy_names(catalogue, strategies: str | None) -> list[str]:
+    """--strategies as names: a comma-separated list, 'all' built-ins, or the four families."""
+    if strategies is None:
+        return [n for n in DEFAULT_STRATEGIES if n in catalogue]
+    if strategies.strip() == "all":
+        return [n for n, s in catalogue.items() if s.source == "built-in"]
+    return [n.strip() for n in strategies.split(",") if n.strip()]
+
+
+def _compile_with_progress(plan, timeout: float, parallel: int, cache):
     jobs = plan.jobs()
     err = Console(stderr=True)
     progress = Progress(SpinnerColumn(), TextColumn("{task.description:<18}"),
@@ -69,11 +150,17 @@ def _compile_with_progress(plan, timeout: float, parallel: int):
         started = {}
 
         def on_event(i: int, state: str, elapsed: float) -> None:
-            if i not in started:
+            if i not in started and state != "cached":
                 started[i] = time.monotonic()
                 progress.start_task(tasks[i])
                 if not err.is_terminal:  # a log, not a live display: one line per change
                     err.print(f"memprobe: {jobs[i].strategy.name}: compiling", highlight=False)
+            if state == "cached":
+                progress.update(tasks[i], state="from cache", completed=1)
+                progress.stop_task(tasks[i])
+                if not err.is_terminal:
+                    err.print(f"memprobe: {jobs[i].strategy.name}: from cache", highlight=False)
+                return
             if state == "compiling":
                 progress.update(tasks[i], state="compiling")
             else:
@@ -85,4 +172,5 @@ def _compile_with_progress(plan, timeout: float, parallel: int):
 
         err.print(f"memprobe: compiling {len(jobs)} strateg{'y' if len(jobs) == 1 else 'ies'} for "
                   f"{plan.model.name} on {plan.target.label}", highlight=False)
-        return compile_jobs(jobs, timeout_s=timeout, parallel=parallel, on_event=on_event)
+        return compile_jobs(jobs, timeout_s=timeout, parallel=parallel, on_event=on_event,
+                            cache=cache)

@@ -1,0 +1,39 @@
+"""A self-contained HTML report: the table (pandas), the flags, the chart embedded as PNG."""
+
+from __future__ import annotations
+
+import base64
+import html
+from typing import IO
+
+from memprobe.flags import sanity_flags
+from memprobe.measure import GIB
+from memprobe.render import chart, markdown
+from memprobe.render.table import title
+from memprobe.result import Result
+
+_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
+table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ccc;padding:3px 8px}
+td{text-align:right}td:nth-child(2),td:nth-child(12),td:nth-child(13){text-align:left}
+.notes{font-size:12px;color:#555}"""
+
+
+def render(result: Result, file: IO[str]) -> None:
+    file.write(f"<!doctype html>\n<html><head><meta charset='utf-8'><title>memprobe report</title>"
+               f"<style>{_STYLE}</style></head><body>\n")
+    for group in result.comparisons:
+        file.write(f"<h2>{html.escape(title(group[0]))}</h2>\n")
+        file.write(markdown.markdown_frame(group).to_html(index=False, escape=True, border=0))
+        best = markdown.best(group)
+        if best is not None:
+            file.write(f"<p><b>Lowest peak: {html.escape(best.strategy)}</b>, "
+                       f"{best.peak_bytes / GIB:.2f} GiB ({best.peak_bytes:,} bytes) per device.</p>\n")
+        flags = [f for fl in sanity_flags(group).values() for f in fl]
+        if flags:
+            file.write("<ul>" + "".join(f"<li>{html.escape(f.strategy)}: <b>{html.escape(f.kind)}</b>: "
+                                        f"{html.escape(f.reason)}</li>" for f in flags) + "</ul>\n")
+        png = base64.b64encode(chart.render_png(group)).decode()
+        file.write(f"<p><img alt='peak per strategy' src='data:image/png;base64,{png}'></p>\n")
+        file.write("<div class='notes'><ul>" + "".join(
+            f"<li>{html.escape(n)}</li>" for n in markdown.notes(group, result.command)) + "</ul></div>\n")
+    file.write("</body></html>\n")

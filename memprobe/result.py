@@ -1,0 +1,133 @@
+"""The versioned JSON result: the one record every format is rendered from.
+
+A result holds measurements (one per strategy and configuration), the command that made
+them and when. Each measurement carries its whole configuration (model, target,
+topology, shapes, step, strategy knobs), every memory field, FLOPs, timings and the
+versions it was compiled with; the sanity flags and the FLOPs ratio are stored too, so a
+reader need not recompute them. ``memprobe report`` re-renders a result, ``memprobe
+check`` recompiles a result used as a baseline.
+
+Schema ``memprobe.result`` version 1::
+
+    {"schema": "memprobe.result", "schema_version": 1, "created": ISO-8601 UTC,
+     "command": "memprobe compare ...", "memprobe": "0.1.0",
+     "comparisons": [{"config": {...}, "rows": [{measurement fields..., "flags": [...],
+                      "flops_ratio": float | null}]}]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+from pathlib import Path
+from typing import Any
+
+from memprobe.errors import BadInput
+from memprobe.flags import sanity_flags
+from memprobe.measure import Measurement
+
+SCHEMA = "memprobe.result"
+SCHEMA_VERSION = 1
+CONFIG_FIELDS = ("model", "target", "platform", "num_devices", "topology", "seq_len",
+                 "batch_per_device", "loss_chunks", "step")
+
+
+def config_of(m: Measurement) -> dict[str, Any]:
+    return {f: getattr(m, f) for f in CONFIG_FIELDS}
+
+
+def group_by_config(measurements: list[Measurement]) -> list[list[Measurement]]:
+    """Measurements split by configuration, first-seen order kept (one table each)."""
+    groups: dict[str, list[Measurement]] = {}
+    for m in measurements:
+        groups.setdefault(json.dumps(config_of(m), sort_keys=True), []).append(m)
+    return list(groups.values())
+
+
+@dataclasses.dataclass
+class Result:
+    measurements: list[Measurement]
+    command: str | None = None
+    created: str = dataclasses.field(
+        default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+
+    @property
+    def comparisons(self) -> list[list[Measurement]]:
+        return group_by_config(self.measurements)
+
+    def to_json(self) -> dict[str, Any]:
+        comparisons = []
+        for group in self.comparisons:
+            flags = sanity_flags(group)
+            base = group[0] if group[0].ok and group[0].flops else None
+            rows = []
+            for m in group:
+                row = m.to_dict()
+                row["flags"] = [{"kind": f.kind, "reason": f.reason} for f in flags[m.strategy]]
+                row["flops_ratio"] = (m.flops / base.flops) if base and m.ok and m.flops else None
+                rows.append(row)
+            comparisons.append({"config": config_of(group[0]), "rows": rows})
+        try:
+            version = importlib.metadata.version("memprobe")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "created": self.created,
+                "command": self.command, "memprobe": version, "comparisons": comparisons}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "result") -> Result:
+        """Reads a result; anything malformed is refused in one line naming what is wrong."""
+        if not isinstance(data, dict):
+            raise BadInput(f"{where}: not a memprobe result (expected a JSON object)")
+        if data.get("schema") != SCHEMA:
+            raise BadInput(f"{where}: not a memprobe result (schema {data.get('schema')!r})")
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise BadInput(f"{where}: schema_version {data.get('schema_version')!r} is not supported "
+                           f"(this memprobe reads {SCHEMA_VERSION})")
+        comparisons = data.get("comparisons")
+        if not isinstance(comparisons, list) or not comparisons:
+            raise BadInput(f"{where}: comparisons: expected a non-empty list")
+        names = {f.name for f in dataclasses.fields(Measurement)}
+        required = {"model", "strategy", "strategy_knobs", "target", "platform", "num_devices",
+                    "seq_len", "batch_per_device", "loss_chunks", "step", "status"}
+        measurements = []
+        for i, comp in enumerate(comparisons):
+            rows = comp.get("rows") if isinstance(comp, dict) else None
+            if not isinstance(rows, list) or not rows:
+                raise BadInput(f"{where}: comparisons[{i}].rows: expected a non-empty list")
+            for j, row in enumerate(rows):
+                at = f"{where}: comparisons[{i}].rows[{j}]"
+                if not isinstance(row, dict):
+                    raise BadInput(f"{at}: expected an object")
+                missing = sorted(required - set(row))
+                if missing:
+                    raise BadInput(f"{at}: missing field {missing[0]!r}")
+                for field in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes"):
+                    value = row.get(field, 0)
+                    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                        raise BadInput(f"{at}: {field}: expected a byte count, got {value!r}")
+                try:
+                    measurements.append(Measurement.from_dict({k: v for k, v in row.items() if k in names}))
+                except TypeError as e:
+                    raise BadInput(f"{at}: {e}") from None
+        return cls(measurements, command=data.get("command"), created=data.get("created") or "")
+
+    @classmethod
+    def load(cls, path: Path) -> Result:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise BadInput(f"{path}: file not found") from None
+        except OSError as e:
+            raise BadInput(f"{path}: cannot read ({e.strerror})") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise BadInput(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+        return cls.from_json(data, str(path))
