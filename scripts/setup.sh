@@ -31,7 +31,7 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 echo "setup: installing memprobe${extras} (first time: a few minutes, about 1 GB)" >&2
 log=$(mktemp)
-if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${extras}" >"$log" 2>&1; then
+if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".${extras}" >"$log" 2>&1; then
   grep -v "^WARNING: Location '" "$log" | tail -20 >&2
   echo "setup: pip install failed (log above)" >&2
   exit 1

@@ -1,5 +1,6 @@
 """The command line end to end, as a user runs it: real compiles in isolated processes."""
 
+import os
 import subprocess
 import sys
 
@@ -8,9 +9,9 @@ import pytest
 NOISE = ("TPU_ACCELERATOR_TYPE", "InitGoogle", "E0000", "Traceback", "WARNING")
 
 
-def memprobe(*args, timeout=900):
+def memprobe(*args, timeout=900, env=None):
     return subprocess.run([sys.executable, "-m", "memprobe", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def test_compare_on_cpu_prints_ranked_table():
@@ -34,9 +35,9 @@ def test_compare_deviceless_tpu_is_quiet_and_judges_fit():
 
 def test_timed_out_compile_is_a_failed_row_and_exit_1():
     r = memprobe("compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--batch", "1",
-                 "--strategies", "checkpoint", "--timeout", "0.5")
+                 "--strategies", "checkpoint", "--timeout", "0.5", "--no-cache")
     assert r.returncode == 1
-    assert "failed: timed out after 0 s" in r.stdout or "failed: timed out after 1 s" in r.stdout
+    assert "checkpoint failed: timed out after 0 s" in r.stdout or "checkpoint failed: timed out after 1 s" in r.stdout
 
 
 @pytest.mark.parametrize("args,message", [
@@ -54,6 +55,9 @@ def test_timed_out_compile_is_a_failed_row_and_exit_1():
     (["--strategy-file", "/nonexistent/mine.toml"], "/nonexistent/mine.toml: strategy file not found"),
     (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0.0"),
     (["--jobs", "0"], "--jobs must be a positive integer, got 0"),
+    (["--target", "cpu", "--strategies", "offload"],
+     "strategies/offload.toml: offload: target cpu has no host memory space to offload to"),
+    (["--output", "/nonexistent/report.md"], "--output /nonexistent/report.md: directory /nonexistent does not exist"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     r = memprobe("compare", *args)
@@ -66,7 +70,9 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
 def test_strategies_and_targets_list_what_exists():
     s = memprobe("strategies")
     assert s.returncode == 0
-    for name in ("unrolled", "checkpoint", "scan-checkpoint", "offload", "layer_input"):
+    for name in ("unrolled", "checkpoint", "scan-checkpoint", "offload", "layer_input", "dots-no-batch",
+                 "dots_with_no_batch_dims_saveable", "minimal", "attention_out", "offload-mlp",
+                 "mlp_hidden", "scan-offload"):
         assert name in s.stdout
     t = memprobe("targets")
     assert t.returncode == 0
@@ -79,6 +85,10 @@ def test_user_strategy_file_runs_end_to_end(tmp_path):
     path.write_text('description = "checkpoint, MLP hidden kept"\nloop = "checkpoint"\n'
                     'policy = "names"\nsave = ["mlp_hidden"]\n')
     r = memprobe("compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--batch", "1",
-                 "--strategies", "checkpoint,save-mlp", "--strategy-file", str(path))
+                 "--strategies", "checkpoint,save-mlp", "--strategies-dir", str(tmp_path), "--no-cache",
+                 "--format", "markdown")
     assert r.returncode == 0, r.stderr
-    assert "save-mlp" in r.stdout
+    rows = {line.split("|")[2].strip(): line for line in r.stdout.splitlines() if line.startswith("|")}
+    # Keeping the MLP hidden recomputes less than saving nothing: fewer FLOPs, more bytes.
+    assert "save-mlp" in rows and "checkpoint" in rows
+    assert "--strategies-dir " + str(tmp_path) in r.stdout

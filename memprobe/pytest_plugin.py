@@ -1,0 +1,75 @@
+"""memprobe's pytest plugin (registered through the ``pytest11`` entry point).
+
+Gate a project's test suite on compiled peak memory, the way pytest-memray's
+``limit_memory`` gates on allocations::
+
+    @pytest.mark.memprobe_limit("90GiB", model="gemma4-e2b", strategy="scan-checkpoint",
+                                target="tpu7x", seq=8192, batch=1)
+    def test_e2b_fits():
+        ...
+
+The test's body runs first; then the configuration is compiled (in its own process, the
+results cache answering repeats) and the test fails when the per-device peak exceeds the
+limit, or when the compile fails. The ``memprobe_measure`` fixture gives the measurement
+itself for assertions of your own.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from memprobe.cache import ResultCache
+from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs
+from memprobe.errors import MemprobeError
+from memprobe.measure import GIB, Measurement, parse_size
+from memprobe.plan import Step, make_plan
+from memprobe.strategy import load_catalogue, select
+from memprobe.targets import resolve_target
+
+
+def measure(*, model: str, seq: int, batch: int, strategy: str = "scan-checkpoint", target: str = "tpu7x",
+            devices: int | None = None, topology: str | None = None, step: str = "train",
+            loss_chunks: int | None = None, strategy_file: str | None = None,
+            timeout: float = DEFAULT_TIMEOUT_S) -> Measurement:
+    """Compiles one configuration (or answers from the results cache) and returns its record."""
+    catalogue = load_catalogue([strategy_file] if strategy_file else ())
+    plan = make_plan(model=model, strategies=select(catalogue, [strategy]),
+                     target=resolve_target(target, devices, topology), seq_len=seq, batch_per_device=batch,
+                     loss_chunks=loss_chunks, step=Step(step))
+    [m] = compile_jobs(plan.jobs(), timeout_s=timeout, cache=ResultCache())
+    return m
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "memprobe_limit(limit, **config): fail the test when memprobe's compiled per-device peak "
+        "for config (model, seq, batch, strategy, target, devices, ...) exceeds limit, e.g. '90GiB'.")
+
+
+@pytest.fixture
+def memprobe_measure():
+    """``memprobe_measure(model=..., seq=..., batch=..., strategy=..., target=...)`` -> Measurement."""
+    return measure
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    marker = item.get_closest_marker("memprobe_limit")
+    if marker is None:
+        return result
+    if len(marker.args) != 1:
+        pytest.fail("memprobe_limit takes one positional argument, the limit (e.g. '90GiB')", pytrace=False)
+    try:
+        limit = parse_size(str(marker.args[0]), "memprobe_limit")
+        m = measure(**marker.kwargs)
+    except (MemprobeError, TypeError) as e:
+        pytest.fail(f"memprobe_limit: {e}", pytrace=False)
+    if not m.ok:
+        pytest.fail(f"memprobe: {m.strategy} failed to compile: {m.error}", pytrace=False)
+    if m.peak_bytes > limit:
+        pytest.fail(f"memprobe: {m.model} {m.strategy} on {m.topology or m.target}: per-device peak "
+                    f"{m.peak_bytes / GIB:.3f} GiB ({m.peak_bytes:,} bytes) exceeds the limit "
+                    f"{limit / GIB:.3f} GiB (compiler estimate)", pytrace=False)
+    return result

@@ -1,0 +1,92 @@
+"""The CI gate end to end: `memprobe baseline` then `memprobe check`, as a CI job runs them."""
+
+import json
+
+import pytest
+
+from test_cli import memprobe
+
+CONFIG = ["--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--batch", "1",
+          "--strategies", "unrolled,checkpoint"]
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gate") / "baseline.json"
+    r = memprobe("baseline", *CONFIG, "--output", str(path))
+    assert r.returncode == 0, r.stderr
+    return path
+
+
+def _edited(baseline, tmp_path, edit):
+    data = json.loads(baseline.read_text())
+    edit(data)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_unchanged_recompile_passes_and_writes_step_summary(baseline, tmp_path):
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    r = memprobe("check", "--baseline", str(baseline), "--no-cache", env={"GITHUB_STEP_SUMMARY": str(summary)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 of 2 within tolerance 2%" in r.stdout
+    text = summary.read_text()
+    assert text.startswith("earlier step\n### memprobe check")
+    peaks = {row["strategy"]: row["peak_bytes"] for row in json.loads(baseline.read_text())["comparisons"][0]["rows"]}
+    for name, peak in peaks.items():
+        [line] = [l for l in text.splitlines() if f"| {name} " in l]
+        assert f"{peak:,}" in line and "| ok" in line
+
+
+def test_baseline_ten_percent_lower_fails_naming_the_strategy(baseline, tmp_path):
+    def lower(data):
+        row = data["comparisons"][0]["rows"][1]  # checkpoint
+        row["temp_bytes"] -= row["peak_bytes"] // 10
+
+    r = memprobe("check", "--baseline", str(_edited(baseline, tmp_path, lower)))
+    assert r.returncode == 1
+    assert "failing: checkpoint (regressed)" in r.stdout
+    [line] = [l for l in r.stdout.splitlines() if l.startswith("│") and "│ checkpoint " in l]
+    assert "regressed" in line and "+11.1" in line
+
+
+def test_budget_and_absolute_tolerance(baseline):
+    r = memprobe("check", "--baseline", str(baseline), "--max-peak", "40MiB", "--tolerance", "0.01GiB")
+    # unrolled (about 60 MiB) is over the budget, checkpoint (about 35 MiB) under it.
+    assert r.returncode == 1
+    assert "failing: unrolled (over budget)" in r.stdout and "checkpoint (" not in r.stdout
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d.update(schema_version=7), "schema_version 7 is not supported"),
+    (lambda d: d["comparisons"][0]["rows"][0].pop("strategy"), "rows[0]: missing field 'strategy'"),
+    (lambda d: d["comparisons"][0]["rows"][0].update(temp_bytes="lots"), "temp_bytes: expected a byte count"),
+    (lambda d: [r["versions"].update(jax="0.11.0") for r in d["comparisons"][0]["rows"]],
+     "baseline was compiled with jax 0.11.0"),
+    (lambda d: d["comparisons"][0]["rows"][0]["strategy_knobs"].update(loop="sideways"),
+     "loop: 'sideways' is not one of"),
+])
+def test_malformed_baseline_is_one_line_exit_2(baseline, tmp_path, edit, message):
+    r = memprobe("check", "--baseline", str(_edited(baseline, tmp_path, edit)))
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.startswith("memprobe: error:")]
+    assert len(lines) == 1 and message in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_version_drift_can_be_allowed(baseline, tmp_path):
+    def drift(data):
+        for row in data["comparisons"][0]["rows"]:
+            row["versions"]["jax"] = "0.11.0"
+
+    r = memprobe("check", "--baseline", str(_edited(baseline, tmp_path, drift)), "--allow-version-drift")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_missing_baseline_and_bad_tolerance(tmp_path):
+    r = memprobe("check", "--baseline", str(tmp_path / "none.json"))
+    assert r.returncode == 2 and "none.json: file not found" in r.stderr
+    r = memprobe("check", "--baseline", str(tmp_path / "none.json"), "--tolerance", "lots")
+    assert r.returncode == 2 and "--tolerance: 'lots' is not a size" in r.stderr
