@@ -175,8 +175,35 @@ def _log_reason(log_path: str) -> str:
 Event = Callable[[int, str, float], None]
 
 
+def _rss_bytes(pid: int) -> int:
+    """Resident memory of a process (Linux); 0 where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def host_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def default_host_cap() -> int | None:
+    """Per compile process: 90% of this machine's memory, so one runaway compile fails its
+    own row instead of bringing the machine (and the other rows) down."""
+    total = host_memory_bytes()
+    return int(total * 0.9) if total else None
+
+
 def compile_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
-                     tick: Callable[[float], None] | None = None) -> Measurement:
+                     tick: Callable[[float], None] | None = None,
+                     max_host_bytes: int | None = None) -> Measurement:
     """Compiles ``job`` in a fresh Python process; every way it can fail becomes a failed record.
 
     The child's stdout and stderr (libtpu's start-up warnings, XLA's logs) go to a log
@@ -202,6 +229,11 @@ def compile_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
                         proc.kill()
                         proc.wait()
                         return failed_record(job, f"timed out after {timeout_s:.0f} s")
+                    if max_host_bytes and _rss_bytes(proc.pid) > max_host_bytes:
+                        proc.kill()
+                        proc.wait()
+                        return failed_record(job, f"used more than {max_host_bytes / 1024**3:.2f} GiB of host "
+                                                  "memory (the --max-host-memory cap)")
                     try:
                         proc.wait(timeout=0.25)
                     except subprocess.TimeoutExpired:
@@ -243,7 +275,8 @@ def default_parallel(num_jobs: int) -> int:
 
 
 def compile_jobs(jobs: list[CompileJob], *, timeout_s: float = DEFAULT_TIMEOUT_S, parallel: int = 1,
-                 on_event: Event | None = None, cache: "ResultCache | None" = None) -> list[Measurement]:
+                 on_event: Event | None = None, cache: ResultCache | None = None,
+                 max_host_bytes: int | None = None) -> list[Measurement]:
     """Compiles every job in its own process, ``parallel`` at a time; results keep the jobs' order.
 
     With a ``cache``, a job already measured is answered from it (event ``cached``) and
@@ -264,7 +297,7 @@ def compile_jobs(jobs: list[CompileJob], *, timeout_s: float = DEFAULT_TIMEOUT_S
         if on_event:
             on_event(i, "compiling", 0.0)
         tick = (lambda e: on_event(i, "compiling", e)) if on_event else None
-        m = compile_isolated(jobs[i], timeout_s, tick)
+        m = compile_isolated(jobs[i], timeout_s, tick, max_host_bytes)
         if cache is not None:
             cache.put(jobs[i], compile_environment(jobs[i].target), m)
         if on_event:

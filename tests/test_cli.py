@@ -55,6 +55,7 @@ def test_timed_out_compile_is_a_failed_row_and_exit_1():
     (["--strategy-file", "/nonexistent/mine.toml"], "/nonexistent/mine.toml: strategy file not found"),
     (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0.0"),
     (["--jobs", "0"], "--jobs must be a positive integer, got 0"),
+    (["--max-host-memory", "lots"], "--max-host-memory: 'lots' is not a size like 90GiB"),
     (["--target", "cpu", "--strategies", "offload"],
      "strategies/offload.toml: offload: target cpu has no host memory space to offload to"),
     (["--output", "/nonexistent/report.md"], "--output /nonexistent/report.md: directory /nonexistent does not exist"),

@@ -48,3 +48,6 @@ Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the r
                                              "instead of standard output.")]
 Chart = Annotated[Path | None, typer.Option("--chart", help="Also save a PNG chart: per strategy, "
                                             "the peak's parts stacked, HBM capacity as a line.")]
+MaxHostMemory = Annotated[str | None, typer.Option(
+    "--max-host-memory", help="Host memory one compile process may use before it is stopped and "
+    "its row marked failed, e.g. 12GiB (default: 90% of this machine's memory).")]

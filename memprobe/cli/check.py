@@ -117,6 +117,7 @@ def check(
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
     jobs: o.Jobs = None,
     no_cache: o.NoCache = False,
+    max_host_memory: o.MaxHostMemory = None,
 ) -> int:
     """Recompile a baseline's configurations and fail when a peak regressed or exceeds a budget.
 
@@ -126,7 +127,7 @@ def check(
     """
     tol = Tolerance.parse(tolerance)
     budget = parse_size(max_peak, "--max-peak") if max_peak is not None else None
-    check_run_options(timeout, jobs)
+    cap = check_run_options(timeout, jobs, max_host_memory)
     base = Result.load(baseline)
     if not all(m.ok for m in base.measurements):
         raise BadInput(f"{baseline}: the baseline has failed rows; write it again with `memprobe baseline`")
@@ -144,7 +145,7 @@ def check(
         target = resolve_target(m0.target, m0.num_devices, m0.topology if m0.platform != "cpu" else None)
         plan = make_plan(model=m0.model, strategies=strategies, target=target, seq_len=m0.seq_len,
                          batch_per_device=m0.batch_per_device, loss_chunks=m0.loss_chunks, step=step)
-        now = run_plan(plan, timeout, jobs, no_cache)
+        now = run_plan(plan, timeout, jobs, no_cache, cap)
         verdicts += [judge(b, n, tol, budget) for b, n in zip(group, now)]
     frame = verdict_frame(verdicts)
     failed = [v for v in verdicts if not v.passed]

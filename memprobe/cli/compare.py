@@ -13,9 +13,9 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from memprobe.cli import _options as o
 from memprobe.cache import ResultCache
-from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_parallel
+from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_host_cap, default_parallel
 from memprobe.errors import BadInput
-from memprobe.measure import Measurement
+from memprobe.measure import Measurement, parse_size
 from memprobe.plan import DEFAULT_MODEL, Plan, Step, make_plan
 from memprobe.cli._output import check_writable, command_line, write_result
 from memprobe.render import Format
@@ -39,6 +39,7 @@ def compare(
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
     jobs: o.Jobs = None,
     no_cache: o.NoCache = False,
+    max_host_memory: o.MaxHostMemory = None,
     format: o.FormatOpt = Format.TABLE,
     output: o.Output = None,
     chart: o.Chart = None,
@@ -50,10 +51,10 @@ def compare(
     """
     plan = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
                              strategies_dir, loss_chunks, step)
-    check_run_options(timeout, jobs)
+    cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
     check_writable(chart, "--chart")
-    measurements = run_plan(plan, timeout, jobs, no_cache)
+    measurements = run_plan(plan, timeout, jobs, no_cache, cap)
     write_result(Result(measurements, command=command_line()), format, output, chart)
     return 0 if all(m.ok for m in measurements) else 1
 
@@ -74,6 +75,7 @@ def baseline(
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
     jobs: o.Jobs = None,
     no_cache: o.NoCache = False,
+    max_host_memory: o.MaxHostMemory = None,
 ) -> int:
     """Compile like `compare` and write the result as a baseline for `memprobe check`.
 
@@ -81,9 +83,9 @@ def baseline(
     """
     plan = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
                              strategies_dir, loss_chunks, step)
-    check_run_options(timeout, jobs)
+    cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
-    measurements = run_plan(plan, timeout, jobs, no_cache)
+    measurements = run_plan(plan, timeout, jobs, no_cache, cap)
     result = Result(measurements, command=command_line())
     if not all(m.ok for m in measurements):
         write_result(result, Format.TABLE, None)
@@ -112,18 +114,27 @@ def plan_from_options(seq, batch, model, target, devices, topology, strategies, 
                      batch_per_device=batch, loss_chunks=loss_chunks, step=step)
 
 
-def check_run_options(timeout: float, jobs: int | None) -> None:
+def check_run_options(timeout: float, jobs: int | None, max_host_memory: str | None) -> int | None:
+    """Checks the options of a run; returns the host-memory cap per compile in bytes."""
     if jobs is not None and jobs < 1:
         raise BadInput(f"--jobs must be a positive integer, got {jobs}")
     if timeout <= 0:
         raise BadInput(f"--timeout must be a positive number of seconds, got {timeout}")
+    if max_host_memory is None:
+        return default_host_cap()
+    cap = parse_size(max_host_memory, "--max-host-memory")
+    if cap <= 0:
+        raise BadInput(f"--max-host-memory must be a positive size, got {max_host_memory!r}")
+    return cap
 
 
-def run_plan(plan: Plan, timeout: float, jobs: int | None, no_cache: bool) -> list[Measurement]:
+def run_plan(plan: Plan, timeout: float, jobs: int | None, no_cache: bool,
+             max_host_bytes: int | None = None) -> list[Measurement]:
     """Compiles (or answers from the cache) every job of ``plan``, showing progress on stderr."""
     jobs = jobs or default_parallel(len(plan.strategies))
     started = time.monotonic()
-    measurements = _compile_with_progress(plan, timeout, jobs, None if no_cache else ResultCache())
+    measurements = _compile_with_progress(plan, timeout, jobs, None if no_cache else ResultCache(),
+                                          max_host_bytes)
     cached = sum(m.cached for m in measurements)
     Console(stderr=True).print(f"memprobe: {len(measurements) - cached} compiled, {cached} from cache, "
                                f"in {time.monotonic() - started:.0f} s wall time", highlight=False)
@@ -139,7 +150,7 @@ def strategy_names(catalogue, strategies: str | None) -> list[str]:
     return [n.strip() for n in strategies.split(",") if n.strip()]
 
 
-def _compile_with_progress(plan, timeout: float, parallel: int, cache):
+def _compile_with_progress(plan, timeout: float, parallel: int, cache, max_host_bytes=None):
     jobs = plan.jobs()
     err = Console(stderr=True)
     progress = Progress(SpinnerColumn(), TextColumn("{task.description:<18}"),
@@ -173,4 +184,4 @@ def _compile_with_progress(plan, timeout: float, parallel: int, cache):
         err.print(f"memprobe: compiling {len(jobs)} strateg{'y' if len(jobs) == 1 else 'ies'} for "
                   f"{plan.model.name} on {plan.target.label}", highlight=False)
         return compile_jobs(jobs, timeout_s=timeout, parallel=parallel, on_event=on_event,
-                            cache=cache)
+                            cache=cache, max_host_bytes=max_host_bytes)

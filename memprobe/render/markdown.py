@@ -10,7 +10,7 @@ import pandas as pd
 from memprobe.flags import sanity_flags
 from memprobe.measure import GIB, Measurement
 from memprobe.render.frame import comparison_frame
-from memprobe.render.table import FLOPS_NOTE, PEAK_FORMULA, title
+from memprobe.render.table import FLOPS_NOTE, PEAK_FORMULA, other_flags, title
 from memprobe.result import Result
 
 
@@ -35,7 +35,7 @@ def markdown_frame(measurements: list[Measurement]) -> pd.DataFrame:
         "XLA peak GiB": [_fmt(v, ".2f") for v in df["xla_peak_gib"]],
         f"FLOPs vs {base}": [_fmt(v, ".2f") + ("x" if not pd.isna(v) else "") for v in df["flops_ratio"]],
         "verdict": [_verdict(f, e) for f, e in zip(df["fits"], df["error"])],
-        "flags": [f or "" for f in df["flags"]],
+        "flags": [other_flags(f or "") for f in df["flags"]],
         "compile s": [_fmt(v, ".0f") for v in df["compile_s"]],
     })
     return out
@@ -46,7 +46,7 @@ def _verdict(fits, error) -> str:
         return f"failed: {error}"
     if fits is None or pd.isna(fits):
         return "-"
-    return "fits" if fits else "**does not fit**"
+    return "fits" if fits else "**over capacity**"
 
 
 def best(group: list[Measurement]) -> Measurement | None:
@@ -83,7 +83,7 @@ def render(result: Result, file: IO[str]) -> None:
         file.write("\n\n")
         b = best(group)
         if b is not None:
-            verdict = {True: "fits", False: "does not fit", None: "no capacity known"}[b.fits]
+            verdict = {True: "fits", False: "over capacity", None: "no capacity known"}[b.fits]
             file.write(f"**Lowest peak: `{b.strategy}`**, {b.peak_bytes / GIB:.2f} GiB "
                        f"({b.peak_bytes:,} bytes) per device; {verdict}.\n\n")
         flags = [f for fl in sanity_flags(group).values() for f in fl]

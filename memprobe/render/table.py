@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from memprobe.flags import sanity_flags
+from memprobe.flags import OVER_CAPACITY, sanity_flags
 from memprobe.measure import GIB, Measurement
 from memprobe.render.frame import comparison_frame
 
@@ -28,7 +28,7 @@ def _num(value, fmt: str = "{:.2f}", signed: bool = False) -> str:
 def _fits(value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    return "[green]fits[/]" if value else "[bold red]does not fit[/]"
+    return "[green]fits[/]" if value else "[bold red]over capacity[/]"
 
 
 def title(m: Measurement) -> str:
@@ -53,12 +53,17 @@ def caption(measurements: list[Measurement]) -> str:
     return "\n".join(lines)
 
 
+def other_flags(flags: str) -> str:
+    """The flags column: the verdict column already says "over capacity"."""
+    return ", ".join(f for f in flags.split(", ") if f and f != OVER_CAPACITY)
+
+
 def build_table(measurements: list[Measurement]) -> Table:
     df = comparison_frame(measurements)
     base = measurements[0].strategy
     t = Table(title=title(measurements[0]), caption=escape(caption(measurements)), caption_justify="left")
     t.add_column("#", justify="right")
-    t.add_column("strategy")
+    t.add_column("strategy", no_wrap=True)
     t.add_column("peak GiB", justify="right", style="bold")
     t.add_column("% HBM", justify="right")
     t.add_column(f"vs {base}", justify="right")
@@ -69,7 +74,7 @@ def build_table(measurements: list[Measurement]) -> Table:
     t.add_column(f"FLOPs vs {base}", justify="right")
     t.add_column("verdict")
     t.add_column("compile s", justify="right")
-    t.add_column("flags", style="yellow")
+    t.add_column("flags", style="yellow")  # over capacity is the verdict column's
     for row in df.itertuples(index=False):
         if isinstance(row.error, str):
             t.add_row("-", row.strategy, "-", "-", "-", "-", "-", "-", "-", "-",
@@ -79,7 +84,7 @@ def build_table(measurements: list[Measurement]) -> Table:
             str(row.rank), row.strategy, _num(row.peak_gib), _num(row.pct_of_hbm, "{:.0f}%"),
             _num(row.delta_gib, signed=True), _num(row.temp_gib), _num(row.argument_gib),
             _num(row.host_gib), _num(row.xla_peak_gib), _num(row.flops_ratio, "{:.2f}x"), _fits(row.fits),
-            "cached" if row.cached else _num(row.compile_s, "{:.0f}"), escape(row.flags),
+            "cached" if row.cached else _num(row.compile_s, "{:.0f}"), escape(other_flags(row.flags)),
         )
     return t
 
