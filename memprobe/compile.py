@@ -8,6 +8,7 @@ error in one strategy becomes a failed row while the others still finish.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -141,7 +142,11 @@ def _worker_main(job_path: str, result_path: str) -> int:
     with open(job_path, "rb") as f:
         job = pickle.load(f)
     try:
-        reply = {"status": "ok", "measurement": compile_job(job).to_dict()}
+        m = compile_job(job)
+        import resource  # peak resident memory of this whole compile process, for the record
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        reply = {"status": "ok", "measurement": dataclasses.replace(m, host_rss_bytes=rss).to_dict()}
     except BadInput as e:  # e.g. a topology libtpu rejects: the user's mistake, not the compile's
         reply = {"status": "bad_input", "error": str(e)}
     except BaseException as e:  # noqa: BLE001 - every failure becomes a row, never a traceback
@@ -246,7 +251,8 @@ def compile_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
             with open(result_path) as f:
                 reply = json.load(f)
             if reply["status"] == "ok":
-                return Measurement.from_dict(reply["measurement"])
+                m = Measurement.from_dict(reply["measurement"])
+                return dataclasses.replace(m, process_seconds=round(time.monotonic() - start, 3))
             if reply["status"] == "bad_input":
                 raise BadInput(reply["error"])
             return failed_record(job, reply["error"])

@@ -52,6 +52,8 @@ class Measurement:
     flops: float | None = None
     lower_seconds: float | None = None  # tracing and lowering to HLO
     compile_seconds: float | None = None  # XLA's compile alone
+    process_seconds: float | None = None  # the whole compile process: start-up, trace, lower, compile
+    host_rss_bytes: int | None = None  # peak resident host memory of the compile process
     parameter_count: int | None = None
     while_loops: int | None = None
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
