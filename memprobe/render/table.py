@@ -14,9 +14,10 @@ from memprobe.measure import GIB, Measurement
 from memprobe.render.frame import comparison_frame
 
 PEAK_FORMULA = "peak = argument + output - alias + temp, per device (compiler estimate)"
-FLOPS_NOTE = ("FLOPs: XLA cost analysis of the compiled step, relative to the first strategy (the "
-              "recompute cost); it counts each while-loop body once, so attention block loops are "
-              "under-counted alike in every strategy.")
+FLOPS_NOTE = ("FLOPs: XLA cost analysis of the compiled step, relative to the first strategy. It "
+              "counts each while-loop body once, and the TPU compiler moves different amounts of "
+              "work into loops per strategy, so the ratio tracks recompute on small models but "
+              "can fall below 1 at full size: read it with the while-loop counts in the JSON.")
 
 
 def _num(value, fmt: str = "{:.2f}", signed: bool = False) -> str:
