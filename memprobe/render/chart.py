@@ -47,8 +47,9 @@ def render_png(measurements: list[Measurement]) -> bytes:
         ax.bar(names, values, bottom=bottoms, color=colour, label=label, width=0.6, linewidth=0,
                hatch="//" if k == 3 else None, edgecolor="white" if k == 3 else None)
         bottoms = [b + v for b, v in zip(bottoms, values)]
-    for i, m in enumerate(ok):
-        ax.annotate(f"{m.peak_bytes / GIB:.2f}", (i, m.peak_bytes / GIB), ha="center", va="bottom",
+    for i, m in enumerate(ok):  # the HBM peak, written above the whole stack
+        label = f"{m.peak_bytes / GIB:.2f}" + (f"\n+{m.host_bytes / GIB:.2f} host" if m.host_bytes else "")
+        ax.annotate(label, (i, (m.peak_bytes + m.host_bytes) / GIB), ha="center", va="bottom",
                     fontsize=8, xytext=(0, 2), textcoords="offset points")
     cap = ok[0].capacity_bytes if ok else None
     top = max((m.peak_bytes + m.host_bytes) / GIB for m in ok) if ok else 0.0
