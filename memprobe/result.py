@@ -107,6 +107,15 @@ class Result:
                 missing = sorted(required - set(row))
                 if missing:
                     raise BadInput(f"{at}: missing field {missing[0]!r}")
+                for field in ("model", "strategy", "target", "platform", "step", "status"):
+                    if not isinstance(row[field], str):
+                        raise BadInput(f"{at}: {field}: expected a string, got {row[field]!r}")
+                for field in ("num_devices", "seq_len", "batch_per_device", "loss_chunks"):
+                    if isinstance(row[field], bool) or not isinstance(row[field], int):
+                        raise BadInput(f"{at}: {field}: expected an integer, got {row[field]!r}")
+                for field in ("strategy_knobs", "versions"):
+                    if not isinstance(row.get(field, {}), dict):
+                        raise BadInput(f"{at}: {field}: expected an object")
                 for field in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes"):
                     value = row.get(field, 0)
                     if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -63,6 +63,7 @@ def test_budget_and_absolute_tolerance(baseline):
     (lambda d: d.update(schema_version=7), "schema_version 7 is not supported"),
     (lambda d: d["comparisons"][0]["rows"][0].pop("strategy"), "rows[0]: missing field 'strategy'"),
     (lambda d: d["comparisons"][0]["rows"][0].update(temp_bytes="lots"), "temp_bytes: expected a byte count"),
+    (lambda d: d["comparisons"][0]["rows"][0].update(num_devices="4"), "num_devices: expected an integer, got '4'"),
     (lambda d: [r["versions"].update(jax="0.11.0") for r in d["comparisons"][0]["rows"]],
      "baseline was compiled with jax 0.11.0"),
     (lambda d: d["comparisons"][0]["rows"][0]["strategy_knobs"].update(loop="sideways"),
