@@ -18,20 +18,22 @@ from __future__ import annotations
 
 import pytest
 
-from memprobe.cache import ResultCache
-from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs
 from memprobe.errors import MemprobeError
 from memprobe.measure import GIB, Measurement, parse_size
-from memprobe.plan import Step, make_plan
-from memprobe.strategy import load_catalogue, select
-from memprobe.targets import resolve_target
 
 
 def measure(*, model: str, seq: int, batch: int, strategy: str = "scan-checkpoint", target: str = "tpu7x",
             devices: int | None = None, topology: str | None = None, step: str = "train",
             loss_chunks: int | None = None, strategy_file: str | None = None,
-            timeout: float = DEFAULT_TIMEOUT_S) -> Measurement:
+            timeout: float = 3600.0) -> Measurement:
     """Compiles one configuration (or answers from the results cache) and returns its record."""
+    # Imported here, not at plugin load: a project's pytest start-up should not import JAX.
+    from memprobe.cache import ResultCache
+    from memprobe.compile import compile_jobs
+    from memprobe.plan import Step, make_plan
+    from memprobe.strategy import load_catalogue, select
+    from memprobe.targets import resolve_target
+
     catalogue = load_catalogue([strategy_file] if strategy_file else ())
     plan = make_plan(model=model, strategies=select(catalogue, [strategy]),
                      target=resolve_target(target, devices, topology), seq_len=seq, batch_per_device=batch,
@@ -64,7 +66,7 @@ def pytest_runtest_call(item):
     try:
         limit = parse_size(str(marker.args[0]), "memprobe_limit")
         m = measure(**marker.kwargs)
-    except (MemprobeError, TypeError) as e:
+    except (MemprobeError, TypeError, ValueError) as e:
         pytest.fail(f"memprobe_limit: {e}", pytrace=False)
     if not m.ok:
         pytest.fail(f"memprobe: {m.strategy} failed to compile: {m.error}", pytrace=False)
