@@ -102,11 +102,13 @@ def one_line(text: str, limit: int = 240) -> str:
 def compile_job(job: CompileJob, keep_hlo: bool = False) -> Measurement | tuple[Measurement, str]:
     """Lowers and compiles one job in this process; JAX must already be configured."""
     from memprobe.build import build_step, make_devices
+    from memprobe.flops import matmul_flops
 
     devices = make_devices(job.target)
     t0 = time.perf_counter()
     step = build_step(job, devices)
-    lowered = step.lower()
+    traced = step.fn.trace(*step.args)
+    lowered = traced.lower()
     t1 = time.perf_counter()
     compiled = lowered.compile()
     t2 = time.perf_counter()
@@ -129,6 +131,7 @@ def compile_job(job: CompileJob, keep_hlo: bool = False) -> Measurement | tuple[
         host_generated_code_bytes=int(mem.host_generated_code_size_in_bytes),
         xla_peak_bytes=int(getattr(mem, "peak_memory_in_bytes", 0)) or None,
         flops=float(cost["flops"]) if "flops" in cost else None,
+        matmul_flops=matmul_flops(traced.jaxpr),
         lower_seconds=round(t1 - t0, 3),
         compile_seconds=round(t2 - t1, 3),
         parameter_count=step.parameter_count,
@@ -137,16 +140,29 @@ def compile_job(job: CompileJob, keep_hlo: bool = False) -> Measurement | tuple[
     return (record, hlo) if keep_hlo else record
 
 
-def _worker_main(job_path: str, result_path: str) -> int:
+def trace_job(job: CompileJob) -> int:
+    """Traces one job without compiling it: its matmul FLOPs (seconds, where a compile takes
+    minutes). Fills in cache entries written before memprobe counted them."""
+    from memprobe.build import build_step, make_devices
+    from memprobe.flops import matmul_flops
+
+    step = build_step(job, make_devices(job.target))
+    return matmul_flops(step.fn.trace(*step.args).jaxpr)
+
+
+def _worker_main(job_path: str, result_path: str, mode: str = "compile") -> int:
     """Entry point of a compile process (``python -m memprobe.compile``): one job, one reply."""
     with open(job_path, "rb") as f:
         job = pickle.load(f)
     try:
-        m = compile_job(job)
-        import resource  # peak resident memory of this whole compile process, for the record
+        if mode == "trace":
+            reply = {"status": "ok", "matmul_flops": trace_job(job)}
+        else:
+            m = compile_job(job)
+            import resource  # peak resident memory of this whole compile process, for the record
 
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        reply = {"status": "ok", "measurement": dataclasses.replace(m, host_rss_bytes=rss).to_dict()}
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            reply = {"status": "ok", "measurement": dataclasses.replace(m, host_rss_bytes=rss).to_dict()}
     except BadInput as e:  # e.g. a topology libtpu rejects: the user's mistake, not the compile's
         reply = {"status": "bad_input", "error": str(e)}
     except BaseException as e:  # noqa: BLE001 - every failure becomes a row, never a traceback
@@ -214,13 +230,31 @@ def compile_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
     The child's stdout and stderr (libtpu's start-up warnings, XLA's logs) go to a log
     file that only serves to explain a failure.
     """
+    reply = _isolated(job, "compile", timeout_s, tick, max_host_bytes)
+    if isinstance(reply, str):
+        return failed_record(job, reply)
+    m = Measurement.from_dict(reply["measurement"])
+    return dataclasses.replace(m, process_seconds=reply["seconds"])
+
+
+def trace_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
+                   tick: Callable[[float], None] | None = None,
+                   max_host_bytes: int | None = None) -> int | None:
+    """``trace_job`` in a fresh process; None when it fails (the figure stays unknown)."""
+    reply = _isolated(job, "trace", timeout_s, tick, max_host_bytes)
+    return None if isinstance(reply, str) else reply["matmul_flops"]
+
+
+def _isolated(job: CompileJob, mode: str, timeout_s: float, tick: Callable[[float], None] | None,
+              max_host_bytes: int | None) -> dict | str:
+    """Runs the worker in ``mode``: its reply (with ``seconds``), or why it failed in one line."""
     with tempfile.TemporaryDirectory(prefix="memprobe-") as tmp:
         job_path, result_path, log_path = (os.path.join(tmp, n) for n in ("job.pkl", "result.json", "compile.log"))
         with open(job_path, "wb") as f:
             pickle.dump(job, f)
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "memprobe.compile", job_path, result_path],
+                [sys.executable, "-m", "memprobe.compile", job_path, result_path, mode],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=compile_environment(job.target), start_new_session=True,
             )
@@ -233,12 +267,12 @@ def compile_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
                     if elapsed > timeout_s:
                         proc.kill()
                         proc.wait()
-                        return failed_record(job, f"timed out after {timeout_s:.0f} s")
+                        return f"timed out after {timeout_s:.0f} s"
                     if max_host_bytes and _rss_bytes(proc.pid) > max_host_bytes:
                         proc.kill()
                         proc.wait()
-                        return failed_record(job, f"used more than {max_host_bytes / 1024**3:.2f} GiB of host "
-                                                  "memory (the --max-host-memory cap)")
+                        return (f"used more than {max_host_bytes / 1024**3:.2f} GiB of host "
+                                "memory (the --max-host-memory cap)")
                     try:
                         proc.wait(timeout=0.25)
                     except subprocess.TimeoutExpired:
@@ -251,18 +285,17 @@ def compile_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
             with open(result_path) as f:
                 reply = json.load(f)
             if reply["status"] == "ok":
-                m = Measurement.from_dict(reply["measurement"])
-                return dataclasses.replace(m, process_seconds=round(time.monotonic() - start, 3))
+                return {**reply, "seconds": round(time.monotonic() - start, 3)}
             if reply["status"] == "bad_input":
                 raise BadInput(reply["error"])
-            return failed_record(job, reply["error"])
+            return reply["error"]
         code = proc.returncode
         why = _log_reason(log_path)
         if code < 0:
             sig = -code
             what = "was killed (SIGKILL; out of host memory?)" if sig == 9 else f"died on signal {sig}"
-            return failed_record(job, f"compile process {what}" + (f": {why}" if why else ""))
-        return failed_record(job, f"compile process exited with code {code}" + (f": {why}" if why else ""))
+            return f"compile process {what}" + (f": {why}" if why else "")
+        return f"compile process exited with code {code}" + (f": {why}" if why else "")
 
 
 # A full-size Gemma 4 E2B train-step compile peaked at 8.5 GB of host memory here; leave room.
@@ -288,16 +321,29 @@ def compile_jobs(jobs: list[CompileJob], *, timeout_s: float = DEFAULT_TIMEOUT_S
     With a ``cache``, a job already measured is answered from it (event ``cached``) and
     every new successful measurement is stored as soon as it finishes.
     """
-    answered = {}
+    answered, untraced = {}, set()
     if cache is not None:
         for i, job in enumerate(jobs):
             hit = cache.get(job, compile_environment(job.target))
-            if hit is not None:
-                answered[i] = hit
-                if on_event:
-                    on_event(i, "cached", 0.0)
+            if hit is None:
+                continue
+            answered[i] = hit
+            if hit.matmul_flops is None:  # stored before memprobe counted matmul FLOPs
+                untraced.add(i)
+            elif on_event:
+                on_event(i, "cached", 0.0)
 
     def run(i: int) -> Measurement:
+        if i in untraced:
+            if on_event:
+                on_event(i, "tracing", 0.0)
+            tick = (lambda e: on_event(i, "tracing", e)) if on_event else None
+            flops = trace_isolated(jobs[i], timeout_s, tick, max_host_bytes)
+            if flops is not None:
+                answered[i] = dataclasses.replace(answered[i], matmul_flops=flops)
+                cache.put(jobs[i], compile_environment(jobs[i].target), answered[i])
+            if on_event:
+                on_event(i, "cached", 0.0)
         if i in answered:
             return answered[i]
         if on_event:
@@ -310,11 +356,11 @@ def compile_jobs(jobs: list[CompileJob], *, timeout_s: float = DEFAULT_TIMEOUT_S
             on_event(i, "done" if m.ok else "failed", (m.compile_seconds or 0.0))
         return m
 
-    if parallel <= 1 or len(jobs) - len(answered) <= 1:
+    if parallel <= 1 or len(jobs) - len(answered) + len(untraced) <= 1:
         return [run(i) for i in range(len(jobs))]
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         return list(pool.map(run, range(len(jobs))))
 
 
 if __name__ == "__main__":
-    sys.exit(_worker_main(sys.argv[1], sys.argv[2]))
+    sys.exit(_worker_main(*sys.argv[1:4]))

@@ -49,7 +49,8 @@ class Measurement:
     host_generated_code_bytes: int = 0
     xla_peak_bytes: int | None = None
     capacity_bytes: int | None = None
-    flops: float | None = None
+    flops: float | None = None  # XLA's cost_analysis(): every while-loop body counted once
+    matmul_flops: int | None = None  # of the traced step, loops and recompute counted (flops.py)
     lower_seconds: float | None = None  # tracing and lowering to HLO
     compile_seconds: float | None = None  # XLA's compile alone
     process_seconds: float | None = None  # the whole compile process: start-up, trace, lower, compile
@@ -95,6 +96,13 @@ class Measurement:
     def from_dict(cls, d: dict[str, Any]) -> "Measurement":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def flops_ratio(m: Measurement, base: Measurement | None) -> float | None:
+    """Recompute cost: ``m``'s matmul FLOPs over ``base``'s (both traced, see flops.py)."""
+    if base is None or not (m.ok and base.ok and m.matmul_flops and base.matmul_flops):
+        return None
+    return m.matmul_flops / base.matmul_flops
 
 
 _UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": GIB, "tib": 1024**4,

@@ -26,7 +26,7 @@ from typing import Any
 
 from memprobe.errors import BadInput
 from memprobe.flags import sanity_flags
-from memprobe.measure import Measurement
+from memprobe.measure import Measurement, flops_ratio
 
 SCHEMA = "memprobe.result"
 SCHEMA_VERSION = 1
@@ -61,12 +61,11 @@ class Result:
         comparisons = []
         for group in self.comparisons:
             flags = sanity_flags(group)
-            base = group[0] if group[0].ok and group[0].flops else None
             rows = []
             for m in group:
                 row = m.to_dict()
                 row["flags"] = [{"kind": f.kind, "reason": f.reason} for f in flags[m.strategy]]
-                row["flops_ratio"] = (m.flops / base.flops) if base and m.ok and m.flops else None
+                row["flops_ratio"] = flops_ratio(m, group[0])
                 rows.append(row)
             comparisons.append({"config": config_of(group[0]), "rows": rows})
         try:

@@ -44,3 +44,21 @@ def test_cache_hit_is_identical_and_damage_is_recompiled(tmp_path):
     assert again.temp_bytes == cold.temp_bytes
     assert cache.get(job, env).temp_bytes == cold.temp_bytes
 
+
+
+def test_entry_without_matmul_flops_is_traced_not_recompiled(tmp_path):
+    # Entries written before memprobe counted matmul FLOPs: the figures stand, the FLOPs
+    # are filled in by a trace (seconds) instead of a compile (half an hour at full size).
+    job = jobs_for("tiny-e2b", resolve_target("cpu", 1), seq=256, batch=1, strategies=["checkpoint"])["checkpoint"]
+    cache = ResultCache(tmp_path)
+    env = compile_environment(job.target)
+    cold, _ = _run(job, cache)
+    assert cold.matmul_flops > 0
+    cache.put(job, env, dataclasses.replace(cold, matmul_flops=None))
+    assert cache.get(job, env).matmul_flops is None
+
+    warm, events = _run(job, cache)
+    assert events[0] == "tracing" and events[-1] == "cached" and set(events) == {"tracing", "cached"}
+    assert warm.cached
+    assert warm.matmul_flops == cold.matmul_flops and warm.temp_bytes == cold.temp_bytes
+    assert cache.get(job, env).matmul_flops == cold.matmul_flops

@@ -165,15 +165,15 @@ def _compile_with_progress(plan, timeout: float, parallel: int, cache, max_host_
                 started[i] = time.monotonic()
                 progress.start_task(tasks[i])
                 if not err.is_terminal:  # a log, not a live display: one line per change
-                    err.print(f"memprobe: {jobs[i].strategy.name}: compiling", highlight=False)
+                    err.print(f"memprobe: {jobs[i].strategy.name}: {state}", highlight=False)
             if state == "cached":
                 progress.update(tasks[i], state="from cache", completed=1)
                 progress.stop_task(tasks[i])
                 if not err.is_terminal:
                     err.print(f"memprobe: {jobs[i].strategy.name}: from cache", highlight=False)
                 return
-            if state == "compiling":
-                progress.update(tasks[i], state="compiling")
+            if state in ("compiling", "tracing"):  # tracing: a cached entry gets its matmul FLOPs
+                progress.update(tasks[i], state=state)
             else:
                 progress.update(tasks[i], state=state, completed=1)
                 progress.stop_task(tasks[i])

@@ -18,7 +18,7 @@ matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
 from memprobe.measure import GIB, Measurement  # noqa: E402
-from memprobe.render.table import title  # noqa: E402
+from memprobe.render.frame import title  # noqa: E402
 
 # Fixed axes placement, so a reader (and the tests) can find the bars in the image.
 AXES = {"left": 0.12, "right": 0.97, "bottom": 0.22, "top": 0.90}

@@ -1,33 +1,77 @@
-"""The comparison as a pandas DataFrame: one row per strategy, ranked, numbers not strings.
+"""What every renderer shares: the comparison as a pandas DataFrame (one row per strategy,
+ranked, numbers not strings), its title, the footnotes, and the one way to print a number.
 
 Every renderer formats this frame; none recomputes a figure.
 """
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
-from memprobe.flags import sanity_flags
-from memprobe.measure import GIB, Measurement
+from memprobe.flags import OVER_CAPACITY, sanity_flags
+from memprobe.measure import GIB, Measurement, flops_ratio
 
 COLUMNS = [
     "rank", "strategy", "peak_gib", "pct_of_hbm", "delta_gib", "temp_gib", "argument_gib",
-    "output_gib", "alias_gib", "host_gib", "xla_peak_gib", "fits", "flops", "flops_ratio", "flags", "flag_reasons", "compile_s", "cached",
-    "error",
+    "output_gib", "alias_gib", "host_gib", "xla_peak_gib", "fits", "flops", "flops_ratio", "flags",
+    "other_flags", "flag_reasons", "compile_s", "cached", "error",
 ]
+
+PEAK_FORMULA = "peak = argument + output - alias + temp, per device (compiler estimate)"
+FLOPS_NOTE = ("FLOPs: matmul FLOPs of the traced step (forward, backward with its recompute, "
+              "optimizer; loops counted by trip count), relative to the first strategy: what the "
+              "memory saved costs in compute. XLA's own cost analysis, which counts each loop body "
+              "once, is kept in the JSON as `flops`.")
+
+
+def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
+    """A number for display; "-" where there is none (None or NaN)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return "-"
+    return format(value, spec) + suffix
+
+
+def title(m: Measurement) -> str:
+    where = f"{m.topology or m.target}, {m.num_devices} device{'s' if m.num_devices > 1 else ''}"
+    return (f"{m.model} {m.step} step, seq {m.seq_len} x per-device batch {m.batch_per_device} "
+            f"on {where}")
+
+
+def footnotes(group: list[Measurement], command: str | None = None) -> list[str]:
+    """What the figures are, the versions and the exact command: the footer of every format."""
+    m0 = group[0]
+    out = [f"GiB = 2^30 bytes; {PEAK_FORMULA}.", FLOPS_NOTE,
+           "compile s: trace, lower and compile of that strategy when it was measured"
+           + (" (some rows answered from the results cache)." if any(m.cached for m in group) else ".")]
+    if m0.capacity_bytes:
+        out.append(f"HBM per device: {m0.capacity_bytes / GIB:.2f} GiB ({m0.capacity_bytes:,} bytes), "
+                   "as the compiler enforces it.")
+    if not m0.stands_for_accelerator:
+        out.append("CPU backend figures: they do not stand for any accelerator.")
+    v = m0.versions
+    out.append("Versions: " + ", ".join(f"{k} {v[k]}" for k in ("memprobe", "jax", "jaxlib", "libtpu")
+                                        if k in v and (k != "libtpu" or m0.platform == "tpu"))
+               + f"; loss in {m0.loss_chunks} chunk(s); {m0.step} step.")
+    if command:
+        out.append(f"Command: `{command}`")
+    return out
 
 
 def comparison_frame(measurements: list[Measurement]) -> pd.DataFrame:
     """Ranked by peak (lowest first); failed rows last. Deltas and the FLOPs ratio (the
     recompute cost) are against the first measurement given, the baseline strategy, when
     it compiled. ``flags`` names the row's sanity flags ("" when none), ``flag_reasons``
-    gives each with its reason."""
+    gives each with its reason, ``other_flags`` all but "over capacity"."""
     base = measurements[0] if measurements and measurements[0].ok else None
     flags = sanity_flags(measurements)
     rows = []
     for m in measurements:
         row = {"strategy": m.strategy, "error": m.error,
                "flags": ", ".join(f.kind for f in flags[m.strategy]),
+               # the verdict column already says "over capacity"
+               "other_flags": ", ".join(f.kind for f in flags[m.strategy] if f.kind != OVER_CAPACITY),
                "flag_reasons": "; ".join(f"{f.kind}: {f.reason}" for f in flags[m.strategy]), "cached": m.cached}
         if m.ok:
             row.update(
@@ -41,8 +85,8 @@ def comparison_frame(measurements: list[Measurement]) -> pd.DataFrame:
                 host_gib=m.host_bytes / GIB,
                 xla_peak_gib=(m.xla_peak_bytes / GIB) if m.xla_peak_bytes is not None else None,
                 fits=m.fits,
-                flops=m.flops,
-                flops_ratio=(m.flops / base.flops) if (base and base.flops and m.flops) else None,
+                flops=m.matmul_flops,
+                flops_ratio=flops_ratio(m, base),
                 compile_s=(m.compile_seconds or 0.0) + (m.lower_seconds or 0.0),
                 peak_bytes=m.peak_bytes,
             )

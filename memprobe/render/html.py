@@ -9,7 +9,7 @@ from typing import IO
 from memprobe.flags import sanity_flags
 from memprobe.measure import GIB
 from memprobe.render import chart, markdown
-from memprobe.render.table import title
+from memprobe.render.frame import footnotes, title
 from memprobe.result import Result
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
@@ -35,5 +35,5 @@ def render(result: Result, file: IO[str]) -> None:
         png = base64.b64encode(chart.render_png(group)).decode()
         file.write(f"<p><img alt='peak per strategy' src='data:image/png;base64,{png}'></p>\n")
         file.write("<div class='notes'><ul>" + "".join(
-            f"<li>{html.escape(n)}</li>" for n in markdown.notes(group, result.command)) + "</ul></div>\n")
+            f"<li>{html.escape(n)}</li>" for n in footnotes(group, result.command)) + "</ul></div>\n")
     file.write("</body></html>\n")
