@@ -6,9 +6,7 @@ import dataclasses
 import enum
 
 from memprobe.errors import BadInput
-from memprobe.model._config import PRESETS, ModelConfig
-from memprobe.model._attention import attention_block_size
-from memprobe.model._transformer import default_loss_chunks
+from memprobe.model._config import PRESETS, ModelConfig, attention_block_size, default_loss_chunks
 from memprobe.strategy import Strategy
 from memprobe.targets import Target
 

@@ -2,6 +2,8 @@
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 from conftest import jobs_for
 from memprobe.cache import ResultCache
@@ -62,3 +64,12 @@ def test_entry_without_matmul_flops_is_traced_not_recompiled(tmp_path):
     assert warm.cached
     assert warm.matmul_flops == cold.matmul_flops and warm.temp_bytes == cold.temp_bytes
     assert cache.get(job, env).matmul_flops == cold.matmul_flops
+
+
+def test_answering_from_the_cache_needs_no_jax():
+    # A warm re-run plans, reads the cache and writes JSON: none of that may import JAX,
+    # Flax, pandas or matplotlib (together about 2 s of start-up here).
+    code = ("import sys, memprobe.cli, memprobe.cache, memprobe.render;"
+            "print(sorted(m for m in ('jax', 'flax', 'pandas', 'matplotlib') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]", r.stdout

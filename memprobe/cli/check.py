@@ -12,9 +12,8 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -25,10 +24,13 @@ from memprobe.compile import DEFAULT_TIMEOUT_S, versions
 from memprobe.errors import BadInput
 from memprobe.measure import GIB, Measurement, parse_size
 from memprobe.plan import Step, make_plan
-from memprobe.render.table import terminal_width
+from memprobe.render import terminal_width
 from memprobe.result import Result
 from memprobe.strategy import strategy_from_mapping
 from memprobe.targets import resolve_target
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # The versions a baseline must share with this run: they decide the compiled figures.
 COMPILER_PACKAGES = ("jax", "jaxlib", "libtpu")
@@ -89,6 +91,8 @@ def judge(base: Measurement, now: Measurement, tolerance: Tolerance, max_peak: i
 
 
 def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
+    import pandas as pd
+
     rows = []
     for v in verdicts:
         b, n = v.base, v.now

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from memprobe.cli import _options as o
-from memprobe.render.table import terminal_width
+from memprobe.render import terminal_width
 from memprobe.strategy import load_catalogue
 
 

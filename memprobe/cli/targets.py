@@ -7,7 +7,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from memprobe.render.table import terminal_width
+from memprobe.render import terminal_width
 from memprobe.targets import DEFAULT_TARGET, TPU_KINDS, resolve_target
 
 

@@ -17,11 +17,6 @@ import jax.numpy as jnp
 _NEG_INF = -1e30
 
 
-def attention_block_size(seq_len: int, preferred: int = 512) -> int:
-    """The query/key block length used for ``seq_len``: ``preferred`` or the whole sequence."""
-    return min(preferred, seq_len)
-
-
 def _span(window: int | None, block: int, num_blocks: int) -> tuple[int, int]:
     """(key blocks looked back, key blocks visited per query block); window None is causal-global."""
     if window is None:

@@ -151,3 +151,18 @@ SMALL_DEEP = gemma4_small_config(
 PRESETS: dict[str, ModelConfig] = {
     c.name: c for c in (GEMMA4_E2B, GEMMA4_E4B, TINY_E2B, TINY_E4B, SMALL_DEEP)
 }
+
+
+# Shape arithmetic the plan checks before anything is traced (no JAX needed).
+
+def attention_block_size(seq_len: int, preferred: int = 512) -> int:
+    """The query/key block length used for ``seq_len``: ``preferred`` or the whole sequence."""
+    return min(preferred, seq_len)
+
+
+def default_loss_chunks(seq_len: int, max_chunk_tokens: int = 512) -> int:
+    """The fewest chunks of at most ``max_chunk_tokens`` tokens that divide ``seq_len``."""
+    for chunks in range(max(1, -(-seq_len // max_chunk_tokens)), seq_len + 1):
+        if seq_len % chunks == 0:
+            return chunks
+    return seq_len

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from memprobe.model._attention import attention_block_size, blockwise_attention
-from memprobe.model._config import AttentionKind, ModelConfig
+from memprobe.model._attention import blockwise_attention
+from memprobe.model._config import AttentionKind, ModelConfig, attention_block_size
 
 # Names a strategy can save, offload or recompute, and what each is.
 CHECKPOINT_NAMES: dict[str, str] = {

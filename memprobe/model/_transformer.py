@@ -149,11 +149,3 @@ class Transformer(nnx.Module):
 
         total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (hs, ts))
         return total / (b * t)
-
-
-def default_loss_chunks(seq_len: int, max_chunk_tokens: int = 512) -> int:
-    """The fewest chunks of at most ``max_chunk_tokens`` tokens that divide ``seq_len``."""
-    for chunks in range(max(1, -(-seq_len // max_chunk_tokens)), seq_len + 1):
-        if seq_len % chunks == 0:
-            return chunks
-    return seq_len

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from typing import IO
 
+from rich.console import Console
+
 from memprobe.result import Result
 
 
@@ -16,19 +18,31 @@ class Format(str, enum.Enum):
     HTML = "html"
 
 
+def terminal_width(file: IO[str]) -> int:
+    """The terminal's width; 160 columns when writing to a pipe or file, so rows stay whole."""
+    return Console(file=file).width if getattr(file, "isatty", lambda: False)() else 160
+
+
 def render(result: Result, fmt: Format, file: IO[str]) -> None:
     """Writes ``result`` to ``file`` in ``fmt``."""
-    from memprobe.render import csv, html, markdown, table
-
+    # Each format imports only what it needs: JSON needs neither pandas nor matplotlib.
     match fmt:
         case Format.TABLE:
+            from memprobe.render import table
+
             for group in result.comparisons:
                 table.render(group, file)
         case Format.MARKDOWN:
+            from memprobe.render import markdown
+
             markdown.render(result, file)
         case Format.JSON:
             file.write(result.dumps())
         case Format.CSV:
+            from memprobe.render import csv
+
             csv.render(result, file)
         case Format.HTML:
+            from memprobe.render import html
+
             html.render(result, file)

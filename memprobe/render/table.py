@@ -11,6 +11,7 @@ from rich.table import Table
 
 from memprobe.flags import sanity_flags
 from memprobe.measure import Measurement
+from memprobe.render import terminal_width
 from memprobe.render.frame import comparison_frame, fmt, footnotes, title
 
 
@@ -55,11 +56,6 @@ def build_table(measurements: list[Measurement]) -> Table:
             "cached" if row.cached else fmt(row.compile_s, ".0f"), escape(row.other_flags),
         )
     return t
-
-
-def terminal_width(file: IO[str]) -> int:
-    """The terminal's width; 160 columns when writing to a pipe or file, so rows stay whole."""
-    return Console(file=file).width if getattr(file, "isatty", lambda: False)() else 160
 
 
 def render(measurements: list[Measurement], file: IO[str], *, width: int | None = None) -> None:
