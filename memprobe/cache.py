@@ -101,18 +101,27 @@ class ResultCache:
 
     def get(self, job: CompileJob, env: dict[str, str]) -> Measurement | None:
         """The stored measurement for ``job``, renamed to its strategy; None when absent or bad."""
-        key = key_fields(job, env)
+        hit = self._read(job, key_fields(job, env))
+        return hit[0] if hit else None
+
+    def get_explained(self, job: CompileJob, env: dict[str, str]) -> tuple[Measurement, dict] | None:
+        """The stored ``memprobe explain`` answer for ``job``: (measurement, explanation)."""
+        return self._read(job, {**key_fields(job, env), "explain": True}, explained=True)
+
+    def _read(self, job: CompileJob, key: dict[str, Any], explained: bool = False):
         try:
             entry = json.loads(self._path(key).read_text())
             record = entry["measurement"]
-            if entry["key"] != json.loads(json.dumps(key, default=str)) or entry["checksum"] != _digest(record):
+            explanation = entry["explanation"] if explained else None
+            signed = [record, explanation] if explained else record
+            if entry["key"] != json.loads(json.dumps(key, default=str)) or entry["checksum"] != _digest(signed):
                 return None
             m = Measurement.from_dict(record)
         except (OSError, ValueError, KeyError, TypeError):
             return None
         # Two strategy files with the same knobs share an entry; the row keeps its own name.
-        return dataclasses.replace(m, strategy=job.strategy.name, strategy_knobs=job.strategy.knobs(),
-                                   cached=True)
+        m = dataclasses.replace(m, strategy=job.strategy.name, strategy_knobs=job.strategy.knobs(), cached=True)
+        return m, explanation
 
     def put(self, job: CompileJob, env: dict[str, str], m: Measurement) -> None:
         """Stores a successful measurement; a cache that cannot be written is skipped silently."""
@@ -120,7 +129,10 @@ class ResultCache:
             return
         key = key_fields(job, env)
         record = dataclasses.replace(m, cached=False).to_dict()
-        entry = {"key": key, "checksum": _digest(record), "measurement": record}
+        self._write(key, {"key": key, "checksum": _digest(record), "measurement": record})
+
+    def _write(self, key: dict[str, Any], entry: dict[str, Any]) -> None:
+        """Atomically: a temporary file in the same directory, then a rename."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".entry-", suffix=".part")
@@ -129,3 +141,12 @@ class ResultCache:
             os.replace(tmp, self._path(key))
         except OSError:
             pass
+
+    def put_explained(self, job: CompileJob, env: dict[str, str], m: Measurement, explanation: dict) -> None:
+        if not m.ok:
+            return
+        self.put(job, env, m)  # the figures answer `compare` too
+        key = {**key_fields(job, env), "explain": True}
+        record = dataclasses.replace(m, cached=False).to_dict()
+        self._write(key, {"key": key, "checksum": _digest([record, explanation]), "measurement": record,
+                          "explanation": explanation})

@@ -99,7 +99,8 @@ def one_line(text: str, limit: int = 240) -> str:
     return "unknown error"
 
 
-def compile_job(job: CompileJob, keep_hlo: bool = False) -> Measurement | tuple[Measurement, str]:
+def compile_job(job: CompileJob, keep_hlo: bool = False,
+                compiler_options: dict | None = None) -> Measurement | tuple[Measurement, str]:
     """Lowers and compiles one job in this process; JAX must already be configured."""
     from memprobe.build import build_step, make_devices
     from memprobe.flops import matmul_flops
@@ -110,7 +111,7 @@ def compile_job(job: CompileJob, keep_hlo: bool = False) -> Measurement | tuple[
     traced = step.fn.trace(*step.args)
     lowered = traced.lower()
     t1 = time.perf_counter()
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options) if compiler_options else lowered.compile()
     t2 = time.perf_counter()
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis() or {}
@@ -150,6 +151,15 @@ def trace_job(job: CompileJob) -> int:
     return matmul_flops(step.fn.trace(*step.args).jaxpr)
 
 
+def explain_job(job: CompileJob) -> tuple[Measurement, dict]:
+    """Compiles one job with the compiler's dump files on, and reads what is live at the peak."""
+    from memprobe.explain import explain_dump
+
+    with tempfile.TemporaryDirectory(prefix="memprobe-dump-") as dump:
+        m = compile_job(job, compiler_options={"xla_dump_to": dump})
+        return m, explain_dump(Path(dump)).to_dict()
+
+
 def _worker_main(job_path: str, result_path: str, mode: str = "compile") -> int:
     """Entry point of a compile process (``python -m memprobe.compile``): one job, one reply."""
     with open(job_path, "rb") as f:
@@ -158,11 +168,16 @@ def _worker_main(job_path: str, result_path: str, mode: str = "compile") -> int:
         if mode == "trace":
             reply = {"status": "ok", "matmul_flops": trace_job(job)}
         else:
-            m = compile_job(job)
+            explanation = None
+            if mode == "explain":
+                m, explanation = explain_job(job)
+            else:
+                m = compile_job(job)
             import resource  # peak resident memory of this whole compile process, for the record
 
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-            reply = {"status": "ok", "measurement": dataclasses.replace(m, host_rss_bytes=rss).to_dict()}
+            reply = {"status": "ok", "measurement": dataclasses.replace(m, host_rss_bytes=rss).to_dict(),
+                     "explanation": explanation}
     except BadInput as e:  # e.g. a topology libtpu rejects: the user's mistake, not the compile's
         reply = {"status": "bad_input", "error": str(e)}
     except BaseException as e:  # noqa: BLE001 - every failure becomes a row, never a traceback
@@ -243,6 +258,18 @@ def trace_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
     """``trace_job`` in a fresh process; None when it fails (the figure stays unknown)."""
     reply = _isolated(job, "trace", timeout_s, tick, max_host_bytes)
     return None if isinstance(reply, str) else reply["matmul_flops"]
+
+
+def explain_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
+                     tick: Callable[[float], None] | None = None,
+                     max_host_bytes: int | None = None) -> tuple[Measurement, dict | None]:
+    """``explain_job`` in a fresh process: the measurement and the explanation (None when the
+    compile failed: the measurement says why)."""
+    reply = _isolated(job, "explain", timeout_s, tick, max_host_bytes)
+    if isinstance(reply, str):
+        return failed_record(job, reply), None
+    m = Measurement.from_dict(reply["measurement"])
+    return dataclasses.replace(m, process_seconds=reply["seconds"]), reply["explanation"]
 
 
 def _isolated(job: CompileJob, mode: str, timeout_s: float, tick: Callable[[float], None] | None,

@@ -68,6 +68,21 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("args,message", [
+    ([], "give exactly one of --strategy NAME or --diff A B"),
+    (["--strategy", "unrolled", "--diff", "unrolled", "checkpoint"], "give exactly one of"),
+    (["--diff", "checkpoint", "checkpoint"], "--diff needs two different strategies"),
+    (["--strategy", "fastest"], "unknown strategy 'fastest'"),
+    (["--strategy", "unrolled", "--top", "0"], "--top must be a positive integer, got 0"),
+    (["--strategy", "unrolled", "--seq", "-1"], "--seq must be a positive integer, got -1"),
+])
+def test_explain_bad_input_is_one_line_and_exit_2(args, message):
+    r = memprobe("explain", *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.startswith("memprobe: error:")]
+    assert len(lines) == 1 and message in lines[0], r.stderr
+
+
 def test_strategies_and_targets_list_what_exists():
     s = memprobe("strategies")
     assert s.returncode == 0

@@ -6,7 +6,7 @@ import typer
 from rich.console import Console
 from typer.exceptions import Abort, Exit, TyperException
 
-from memprobe.cli import check, compare, report, strategies, targets
+from memprobe.cli import check, compare, explain, report, strategies, targets
 from memprobe.errors import MemprobeError
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ app.command("compare")(compare.compare)
 app.command("report")(report.report)
 app.command("baseline")(compare.baseline)
 app.command("check")(check.check)
+app.command("explain")(explain.explain)
 app.command("strategies")(strategies.list_strategies)
 app.command("targets")(targets.list_targets)
 

@@ -2,7 +2,9 @@
 
 Parameters are stored in fp32 and cast to the activation dtype (bf16) where used, as a
 mixed-precision trainer does. Tensors a remat policy may want are tagged with
-``checkpoint_name``; the names are listed in ``CHECKPOINT_NAMES``.
+``checkpoint_name``; the names are listed in ``CHECKPOINT_NAMES``. The code producing each
+runs under a ``jax.named_scope`` of the same name (the layer loop adds ``layer<i>``), so
+the compiled program's op names say which tensor a buffer is (``memprobe explain``).
 """
 
 from __future__ import annotations
@@ -91,21 +93,25 @@ class Attention(nnx.Module):
 
     def key_value(self, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
         """K and V for a normalised input: [B, T, K, H] each."""
-        w = self.kv_proj[...].astype(x.dtype)
-        k, v = jnp.einsum("btd,ckdh->cbtkh", x, w)
-        k = self._rope(self.k_norm(k), positions)
-        v = rms_norm(v, None)
-        return checkpoint_name(k, "key_proj"), checkpoint_name(v, "value_proj")
+        with jax.named_scope("key_value_proj"):
+            w = self.kv_proj[...].astype(x.dtype)
+            k, v = jnp.einsum("btd,ckdh->cbtkh", x, w)
+            k = self._rope(self.k_norm(k), positions)
+            v = rms_norm(v, None)
+            return checkpoint_name(k, "key_proj"), checkpoint_name(v, "value_proj")
 
     def __call__(self, x, positions, kv: tuple[jax.Array, jax.Array]) -> jax.Array:
-        q = jnp.einsum("btd,ndh->btnh", x, self.q_proj[...].astype(x.dtype))
-        q = checkpoint_name(self._rope(self.q_norm(q), positions), "query_proj")
+        with jax.named_scope("query_proj"):
+            q = jnp.einsum("btd,ndh->btnh", x, self.q_proj[...].astype(x.dtype))
+            q = checkpoint_name(self._rope(self.q_norm(q), positions), "query_proj")
         k, v = kv
         # Gemma 4 normalises q and k instead of scaling the scores by 1/sqrt(head_dim).
-        o = blockwise_attention(
-            q, k, v, window=self.window, block=attention_block_size(x.shape[1]), scale=1.0)
-        out = jnp.einsum("btnh,nhd->btd", o, self.out_proj[...].astype(x.dtype))
-        return checkpoint_name(out, "attention_out")
+        with jax.named_scope("attention"):
+            o = blockwise_attention(
+                q, k, v, window=self.window, block=attention_block_size(x.shape[1]), scale=1.0)
+        with jax.named_scope("attention_out"):
+            out = jnp.einsum("btnh,nhd->btd", o, self.out_proj[...].astype(x.dtype))
+            return checkpoint_name(out, "attention_out")
 
 
 class MLP(nnx.Module):
@@ -116,10 +122,12 @@ class MLP(nnx.Module):
         self.down = _param(rngs, (hidden, width))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        gate, up = jnp.einsum("btd,cfd->cbtf", x, self.gate_up[...].astype(x.dtype))
-        hidden = checkpoint_name(jax.nn.gelu(gate, approximate=True) * up, "mlp_hidden")
-        out = jnp.einsum("btf,fd->btd", hidden, self.down[...].astype(x.dtype))
-        return checkpoint_name(out, "mlp_out")
+        with jax.named_scope("mlp_hidden"):
+            gate, up = jnp.einsum("btd,cfd->cbtf", x, self.gate_up[...].astype(x.dtype))
+            hidden = checkpoint_name(jax.nn.gelu(gate, approximate=True) * up, "mlp_hidden")
+        with jax.named_scope("mlp_out"):
+            out = jnp.einsum("btf,fd->btd", hidden, self.down[...].astype(x.dtype))
+            return checkpoint_name(out, "mlp_out")
 
 
 class Block(nnx.Module):

@@ -106,7 +106,8 @@ class Transformer(nnx.Module):
             )
             donor = cfg.kv_donor(i)
             shared_kv = donated[donor] if donor is not None else None
-            x, kv = runner(step, x, per_layer_inputs[:, :, i, :], shared_kv)
+            with jax.named_scope(f"layer{i}"):  # op names say which layer a buffer is from
+                x, kv = runner(step, x, per_layer_inputs[:, :, i, :], shared_kv)
             x = constrain(x)
             if step.is_donor:
                 donated[i] = kv
