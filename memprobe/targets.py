@@ -6,7 +6,9 @@ Nothing here imports JAX: a ``Target`` is plain data; ``memprobe.build`` makes d
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
+import platform
 import re
 
 from memprobe.errors import BadInput
@@ -114,3 +116,17 @@ def resolve_target(name: str, devices: int | None = None, topology: str | None =
         topology = f"{name}:{shapes[chips]}"
     return Target(platform="tpu", name=name, num_devices=devices, topology=topology,
                   chip_config=kind.chip_config, hbm_bytes=kind.hbm_bytes)
+
+
+def require_backend(target: Target) -> None:
+    """Refuses a target whose compiler is not installed here, before anything compiles."""
+    if target.platform != "tpu":
+        return
+    try:
+        found = importlib.util.find_spec("libtpu") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        where = f"{platform.system()} {platform.machine()}"
+        raise BadInput(f"--target {target.name}: needs libtpu, which is not installed here ({where}); "
+                       "libtpu ships for Linux x86-64 only: pip install libtpu, or use --target cpu")

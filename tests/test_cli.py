@@ -59,6 +59,10 @@ def test_timed_out_compile_is_a_failed_row_and_exit_1():
     (["--target", "cpu", "--strategies", "offload"],
      "strategies/offload.toml: offload: target cpu has no host memory space to offload to"),
     (["--output", "/nonexistent/report.md"], "--output /nonexistent/report.md: directory /nonexistent does not exist"),
+    (["--chart", "/nonexistent/c.png"], "--chart /nonexistent/c.png: directory /nonexistent does not exist"),
+    (["--devices", "0"], "--devices must be a positive integer, got 0"),
+    (["--seq", "1024", "--loss-chunks", "0"], "--loss-chunks must be a positive integer, got 0"),
+    (["--target", "v5p", "--devices", "6"], "no standard v5p topology has 6 devices"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     r = memprobe("compare", *args)
@@ -81,6 +85,16 @@ def test_explain_bad_input_is_one_line_and_exit_2(args, message):
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [l for l in r.stderr.splitlines() if l.startswith("memprobe: error:")]
     assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+def test_missing_libtpu_is_one_line_and_exit_2():
+    # libtpu made unimportable, as on a platform it does not ship for.
+    code = ("import sys; sys.modules['libtpu'] = None; from memprobe.cli import main; "
+            "sys.exit(main(['compare', '--target', 'v5p', '--model', 'tiny-e2b', '--seq', '512']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        r.stderr.strip().splitlines()[0]] and "--target v5p: needs libtpu, which is not installed" in r.stderr
 
 
 def test_strategies_and_targets_list_what_exists():

@@ -27,7 +27,7 @@ from memprobe.plan import Step, make_plan
 from memprobe.render import terminal_width
 from memprobe.result import Result
 from memprobe.strategy import strategy_from_mapping
-from memprobe.targets import resolve_target
+from memprobe.targets import require_backend, resolve_target
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -147,6 +147,7 @@ def check(
         except ValueError:
             raise BadInput(f"{baseline}: step {m0.step!r} is not one of train, grad") from None
         target = resolve_target(m0.target, m0.num_devices, m0.topology if m0.platform != "cpu" else None)
+        require_backend(target)
         plan = make_plan(model=m0.model, strategies=strategies, target=target, seq_len=m0.seq_len,
                          batch_per_device=m0.batch_per_device, loss_chunks=m0.loss_chunks, step=step)
         now = run_plan(plan, timeout, jobs, no_cache, cap)

@@ -21,7 +21,7 @@ from memprobe.cli._output import check_writable, command_line, write_result
 from memprobe.render import Format
 from memprobe.result import Result
 from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue, select
-from memprobe.targets import DEFAULT_TARGET, resolve_target
+from memprobe.targets import DEFAULT_TARGET, require_backend, resolve_target
 
 
 def compare(
@@ -104,6 +104,7 @@ def plan_from_options(seq, batch, model, target, devices, topology, strategies, 
         names += [p.stem for p in strategy_file]
     chosen = select(catalogue, names)
     where = resolve_target(target, devices, topology)
+    require_backend(where)
     if strategies in (None, "all") and not where.has_host_memory:
         skipped = [s.name for s in chosen if s.offload]
         chosen = [s for s in chosen if not s.offload]
