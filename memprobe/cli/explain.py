@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated
 
@@ -16,7 +16,7 @@ from rich.console import Console
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line
 from memprobe.cli.compare import check_run_options, plan_from_options
-from memprobe.compile import DEFAULT_TIMEOUT_S, compile_environment, explain_isolated
+from memprobe.compile import DEFAULT_TIMEOUT_S, compile_environment, default_parallel, explain_isolated
 from memprobe.errors import BadInput, MemprobeError
 from memprobe.explain import Explanation, diff
 from memprobe.measure import Measurement
@@ -74,7 +74,10 @@ def explain(
     cap = check_run_options(timeout, None, max_host_memory)
     check_writable(output)
     check_writable(chart, "--chart")
-    answers = [_explained(job, timeout, cap, no_cache) for job in plan.jobs()]
+    jobs = plan.jobs()
+    # --diff compiles both strategies at once when host memory allows two compiles.
+    with ThreadPoolExecutor(max_workers=default_parallel(len(jobs))) as pool:
+        answers = list(pool.map(lambda job: _explained(job, timeout, cap, no_cache), jobs))
     _write(answers, format, output, chart, top)
     return 0
 
@@ -92,8 +95,14 @@ def _explained(job, timeout: float, cap: int | None, no_cache: bool) -> tuple[Me
     err.print(f"memprobe: {job.strategy.name}: compiling with the compiler's buffer listing on "
               f"({job.model.name} on {job.target.label})")
     started = time.monotonic()
-    with err.status(f"{job.strategy.name}: compiling", spinner="dots") if err.is_terminal else contextlib.nullcontext():
-        m, explanation = explain_isolated(job, timeout, None, cap)
+    said = [0.0]
+
+    def tick(elapsed: float) -> None:  # a line every five minutes on long compiles
+        if elapsed - said[0] >= 300:
+            said[0] = elapsed
+            err.print(f"memprobe: {job.strategy.name}: still compiling ({elapsed / 60:.0f} min)")
+
+    m, explanation = explain_isolated(job, timeout, tick, cap)
     if not m.ok or explanation is None:
         raise MemprobeError(f"{job.strategy.name}: {m.error or 'no buffer listing'}")
     err.print(f"memprobe: {job.strategy.name}: done after {time.monotonic() - started:.0f} s")
