@@ -28,7 +28,7 @@ AXIS = "fsdp"
 
 
 def make_devices(target: Target) -> list:
-    """Compile-only devices for a TPU topology, or the local CPU devices."""
+    """Compile-only devices for a TPU topology or a GPU target config, or the local CPU devices."""
     if target.platform == "tpu":
         from jax.experimental import topologies
 
@@ -38,6 +38,16 @@ def make_devices(target: Target) -> list:
         except Exception as e:  # libtpu's own words for a topology it rejects
             raise BadInput(f"--topology: libtpu rejects {target.topology!r}: "
                            f"{str(e).strip().splitlines()[0]}") from None
+        devices = list(desc.devices)
+    elif target.platform == "cuda":
+        from jax.experimental import topologies
+
+        from memprobe.targets import gpu_target_config
+
+        # topology is partitions x hosts x devices per host; one host holds them all here.
+        desc = topologies.get_topology_desc(platform="cuda", topology_name="",
+                                            target_config=gpu_target_config(target.gpu_config),
+                                            topology=f"1x1x{target.num_devices}")
         devices = list(desc.devices)
     else:
         devices = jax.devices("cpu")

@@ -63,9 +63,11 @@ def source_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def _versions() -> dict[str, str]:
+def _versions(platform: str) -> dict[str, str]:
+    from memprobe.compile import GPU_PACKAGES
+
     out = {}
-    for pkg in ("jax", "jaxlib", "libtpu", "flax", "optax"):
+    for pkg in ("jax", "jaxlib", "libtpu", "flax", "optax", *(GPU_PACKAGES if platform == "cuda" else ())):
         try:
             out[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
@@ -83,7 +85,7 @@ def key_fields(job: CompileJob, env: dict[str, str]) -> dict[str, Any]:
         "target": dataclasses.asdict(job.target),
         "shapes": dataclasses.asdict(job.shapes),
         "step": job.step.value,
-        "versions": _versions(),
+        "versions": _versions(job.target.platform),
         "flags": {k: env.get(k, "") for k in ("LIBTPU_INIT_ARGS", "XLA_FLAGS")},
     }
 

@@ -56,9 +56,15 @@ def compile_environment(target: Target, base: dict[str, str] | None = None) -> d
     return env
 
 
-def versions() -> dict[str, str]:
+# The GPU compiler ships in the CUDA plugin; it is recorded for GPU targets only, so TPU
+# results (and their cache keys) do not depend on whether the gpu extra is installed.
+GPU_PACKAGES = ("jax-cuda12-plugin", "jax-cuda12-pjrt")
+
+
+def versions(platform: str = "tpu") -> dict[str, str]:
     out = {}
-    for pkg in ("memprobe", "jax", "jaxlib", "libtpu", "flax", "optax"):
+    compiler = {"tpu": ("libtpu",), "cuda": GPU_PACKAGES}.get(platform, ())
+    for pkg in ("memprobe", "jax", "jaxlib", *compiler, "flax", "optax"):
         try:
             out[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
@@ -81,7 +87,7 @@ def _base_record(job: CompileJob, **fields) -> Measurement:
         loss_chunks=job.shapes.loss_chunks,
         step=job.step.value,
         capacity_bytes=t.hbm_bytes,
-        versions=versions(),
+        versions=versions(t.platform),
         **fields,
     )
 

@@ -1,4 +1,5 @@
-"""Compile targets: deviceless TPU topologies through libtpu, and the local CPU backend.
+"""Compile targets: deviceless TPU topologies through libtpu, deviceless NVIDIA GPUs through
+the JAX CUDA plugin (the ``gpu`` extra), and the local CPU backend.
 
 Nothing here imports JAX: a ``Target`` is plain data; ``memprobe.build`` makes devices.
 """
@@ -6,10 +7,12 @@ Nothing here imports JAX: a ``Target`` is plain data; ``memprobe.build`` makes d
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import math
 import platform
 import re
+from pathlib import Path
 
 from memprobe.errors import BadInput
 
@@ -51,17 +54,30 @@ _SHAPES_2D = {1: "1x1", 2: "1x2", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: 
 
 DEFAULT_TARGET = "tpu7x"
 
+# GPU targets: the compiler target configs (GpuTargetConfigProto, text format) that the
+# installed JAX CUDA plugin ships, by their device_description_str. The plugin is read,
+# not copied, so capacities and compiler parameters always match the compiler in use.
+GPU_KINDS: dict[str, str] = {
+    "h100": "NVIDIA H100 80GB HBM3",
+    "h200": "NVIDIA H200 141GB HBM3e",
+    "b200": "NVIDIA B200",
+    "a100": "NVIDIA A100-SXM4-80GB",
+}
+GPU_DEFAULT_DEVICES = 8
+GPU_EXTRA = "pip install -c constraints.txt -e '.[gpu]' (or ./scripts/setup.sh --gpu)"
+
 
 @dataclasses.dataclass(frozen=True)
 class Target:
     """Where a train step is compiled for. ``hbm_bytes`` is per device; None where unknown."""
 
-    platform: str  # "tpu" or "cpu"
-    name: str  # "tpu7x", "v5p", ..., "cpu"
+    platform: str  # "tpu", "cuda" or "cpu"
+    name: str  # "tpu7x", "v5p", ..., "h100", ..., "cpu"
     num_devices: int
     topology: str | None = None
     chip_config: str | None = None
     hbm_bytes: int | None = None
+    gpu_config: str | None = None  # the plugin's target config, by its device description
 
     @property
     def has_host_memory(self) -> bool:
@@ -92,8 +108,14 @@ def resolve_target(name: str, devices: int | None = None, topology: str | None =
         if topology:
             raise BadInput("--topology applies to TPU targets only; use --devices for cpu")
         return Target(platform="cpu", name="cpu", num_devices=devices or 1)
+    if name in GPU_KINDS:
+        if topology:
+            raise BadInput("--topology applies to TPU targets only; use --devices for GPU targets")
+        config = gpu_target_config(GPU_KINDS[name])
+        return Target(platform="cuda", name=name, num_devices=devices or GPU_DEFAULT_DEVICES,
+                      hbm_bytes=config_memory_bytes(config), gpu_config=GPU_KINDS[name])
     if name not in TPU_KINDS:
-        raise BadInput(f"unknown target {name!r} (known: {', '.join([*TPU_KINDS, 'cpu'])})")
+        raise BadInput(f"unknown target {name!r} (known: {', '.join([*TPU_KINDS, *GPU_KINDS, 'cpu'])})")
     kind = TPU_KINDS[name]
     if topology:
         if not topology.startswith(name):
@@ -120,6 +142,14 @@ def resolve_target(name: str, devices: int | None = None, topology: str | None =
 
 def require_backend(target: Target) -> None:
     """Refuses a target whose compiler is not installed here, before anything compiles."""
+    if target.platform == "cuda":
+        try:
+            nvcc = importlib.util.find_spec("nvidia.cuda_nvcc") is not None
+        except (ImportError, ValueError):
+            nvcc = False
+        if not nvcc:  # without ptxas and libdevice from the extra, XLA would use whatever CUDA is here
+            raise BadInput(f"--target {target.name}: the CUDA compiler tools are not installed: {GPU_EXTRA}")
+        return
     if target.platform != "tpu":
         return
     try:
@@ -130,3 +160,41 @@ def require_backend(target: Target) -> None:
         where = f"{platform.system()} {platform.machine()}"
         raise BadInput(f"--target {target.name}: needs libtpu, which is not installed here ({where}); "
                        "libtpu ships for Linux x86-64 only: pip install libtpu, or use --target cpu")
+
+
+def _cuda_plugin_dir() -> Path | None:
+    try:
+        spec = importlib.util.find_spec("jax_plugins.xla_cuda12")
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin).parent if spec and spec.origin else None
+
+
+@functools.cache
+def gpu_target_configs() -> dict[str, str]:
+    """The installed CUDA plugin's target configs (text protos), by device description."""
+    where = _cuda_plugin_dir()
+    so = where / "xla_cuda_plugin.so" if where else None
+    if so is None or not so.exists():
+        raise BadInput(f"GPU targets need the JAX CUDA plugin, which is not installed: {GPU_EXTRA}")
+    data = so.read_bytes()
+    configs = {}
+    for m in re.finditer(rb"gpu_device_info \{", data):
+        text = data[m.start():data.find(b"\0", m.start())].decode("utf-8", "replace")
+        desc = re.search(r'device_description_str: "([^"]*)"', text)
+        if desc:
+            configs[desc.group(1)] = text
+    return configs
+
+
+def gpu_target_config(description: str) -> str:
+    configs = gpu_target_configs()
+    if description not in configs:
+        raise BadInput(f"the installed CUDA plugin has no target config for {description!r} "
+                       f"(it has: {', '.join(sorted(configs))})")
+    return configs[description]
+
+
+def config_memory_bytes(config: str) -> int:
+    """device_memory_size of a GPU target config: the HBM the compiler is told about."""
+    return int(re.search(r"device_memory_size: (\d+)", config).group(1))

@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Sets up memprobe in ./.venv on a fresh machine: finds Python 3.12 (JAX 0.12 needs it),
 # creates the virtual environment and installs memprobe with its dependencies (libtpu
-# included on Linux x86-64). With --test it also installs the test tools.
+# included on Linux x86-64). --gpu adds the deviceless GPU targets (the JAX CUDA plugin and
+# CUDA compiler tools, about 700 MB installed); --test installs the test tools and the GPU
+# extra, so the GPU tests run too.
 # Safe to run again: an existing .venv is reused and only brought up to date.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras=""
-[[ "${1:-}" == "--test" ]] && extras="[test]"
+for arg in "$@"; do
+  case "$arg" in
+    --test) extras="[test,gpu]" ;;
+    --gpu) [[ -z "$extras" ]] && extras="[gpu]" ;;
+    *) echo "setup: unknown option $arg (use --test or --gpu)" >&2; exit 2 ;;
+  esac
+done
 
 find_python() {
   local candidates=(python3.12)

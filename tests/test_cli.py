@@ -1,5 +1,6 @@
 """The command line end to end, as a user runs it: real compiles in isolated processes."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -87,14 +88,19 @@ def test_explain_bad_input_is_one_line_and_exit_2(args, message):
     assert len(lines) == 1 and message in lines[0], r.stderr
 
 
-def test_missing_libtpu_is_one_line_and_exit_2():
-    # libtpu made unimportable, as on a platform it does not ship for.
-    code = ("import sys; sys.modules['libtpu'] = None; from memprobe.cli import main; "
-            "sys.exit(main(['compare', '--target', 'v5p', '--model', 'tiny-e2b', '--seq', '512']))")
+@pytest.mark.parametrize("hidden,target,message", [
+    # Each package made unimportable, as on a machine without it.
+    ("libtpu", "v5p", "--target v5p: needs libtpu, which is not installed"),
+    ("jax_plugins.xla_cuda12", "h100", "GPU targets need the JAX CUDA plugin, which is not installed"),
+    ("nvidia.cuda_nvcc", "h100", "--target h100: the CUDA compiler tools are not installed"),
+])
+def test_missing_backend_is_one_line_and_exit_2(hidden, target, message):
+    code = (f"import sys; sys.modules[{hidden!r}] = None; from memprobe.cli import main; "
+            f"sys.exit(main(['compare', '--target', {target!r}, '--model', 'tiny-e2b', '--seq', '512']))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
-    assert r.stderr.strip().splitlines() == [
-        r.stderr.strip().splitlines()[0]] and "--target v5p: needs libtpu, which is not installed" in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.stderr
 
 
 def test_strategies_and_targets_list_what_exists():
@@ -108,6 +114,9 @@ def test_strategies_and_targets_list_what_exists():
     assert t.returncode == 0
     for fragment in ("tpu7x:2x2x1", "94.74", "v5p:2x2x1", "95.73", "v6e:2x2", "31.24", "15.75", "cpu"):
         assert fragment in t.stdout
+    if importlib.util.find_spec("jax_plugins.xla_cuda12"):  # read from the plugin's target configs
+        for fragment in ("h100", "84,942,979,072", "h200", "151,397,597,184", "b200", "191,514,411,008", "a100"):
+            assert fragment in t.stdout
 
 
 def test_user_strategy_file_runs_end_to_end(tmp_path):

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from memprobe.cli import _options as o
 from memprobe.cli.compare import check_run_options, run_plan
-from memprobe.compile import DEFAULT_TIMEOUT_S, versions
+from memprobe.compile import DEFAULT_TIMEOUT_S, GPU_PACKAGES, versions
 from memprobe.errors import BadInput
 from memprobe.measure import GIB, Measurement, parse_size
 from memprobe.plan import Step, make_plan
@@ -163,9 +163,9 @@ def check(
 
 
 def _check_versions(base: Result, where: Path) -> None:
-    mine = versions()
     for m in base.measurements:
-        for pkg in COMPILER_PACKAGES:
+        mine = versions(m.platform)
+        for pkg in (*COMPILER_PACKAGES, *(GPU_PACKAGES if m.platform == "cuda" else ())):
             if pkg == "libtpu" and m.platform != "tpu":
                 continue
             theirs = m.versions.get(pkg)

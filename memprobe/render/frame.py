@@ -45,14 +45,19 @@ def footnotes(group: list[Measurement], command: str | None = None) -> list[str]
     out = [f"GiB = 2^30 bytes; {PEAK_FORMULA}.", FLOPS_NOTE,
            "compile s: trace, lower and compile of that strategy when it was measured"
            + (" (some rows answered from the results cache)." if any(m.cached for m in group) else ".")]
-    if m0.capacity_bytes:
+    if m0.capacity_bytes and m0.platform == "cuda":
+        out.append(f"HBM per device: {m0.capacity_bytes / GIB:.2f} GiB ({m0.capacity_bytes:,} bytes), the "
+                   "target config's device_memory_size; the GPU compiler does not refuse larger programs.")
+        out.append("Attention: memprobe's plain-JAX blockwise attention (no cuDNN or Pallas kernel).")
+    elif m0.capacity_bytes:
         out.append(f"HBM per device: {m0.capacity_bytes / GIB:.2f} GiB ({m0.capacity_bytes:,} bytes), "
                    "as the compiler enforces it.")
     if not m0.stands_for_accelerator:
         out.append("CPU backend figures: they do not stand for any accelerator.")
     v = m0.versions
-    out.append("Versions: " + ", ".join(f"{k} {v[k]}" for k in ("memprobe", "jax", "jaxlib", "libtpu")
-                                        if k in v and (k != "libtpu" or m0.platform == "tpu"))
+    shown = ("memprobe", "jax", "jaxlib", "libtpu") if m0.platform == "tpu" else (
+        "memprobe", "jax", "jaxlib", "jax-cuda12-plugin") if m0.platform == "cuda" else ("memprobe", "jax", "jaxlib")
+    out.append("Versions: " + ", ".join(f"{k} {v[k]}" for k in shown if k in v)
                + f"; loss in {m0.loss_chunks} chunk(s); {m0.step} step.")
     if command:
         out.append(f"Command: `{command}`")

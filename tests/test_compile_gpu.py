@@ -1,0 +1,46 @@
+"""Deviceless NVIDIA GPU targets through the JAX CUDA plugin (the gpu extra)."""
+
+import functools
+import importlib.util
+
+import pytest
+
+from conftest import jobs_for
+from memprobe.compile import compile_job
+from memprobe.targets import resolve_target
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("jax_plugins.xla_cuda12") is None,
+    reason="the gpu extra (JAX CUDA plugin) is not installed: ./scripts/setup.sh --gpu")
+
+STRATEGIES = ("unrolled", "checkpoint", "offload")
+
+
+@functools.cache
+def gpu_results():
+    jobs = jobs_for("tiny-e2b", resolve_target("h100", 2), seq=1024, batch=2, strategies=STRATEGIES)
+    return {name: compile_job(job) for name, job in jobs.items()}
+
+
+def test_h100_capacity_comes_from_the_plugins_target_config():
+    t = resolve_target("h100", 8)
+    assert (t.platform, t.num_devices, t.hbm_bytes) == ("cuda", 8, 84_942_979_072)
+    assert resolve_target("h200").hbm_bytes == 151_397_597_184
+    assert resolve_target("b200").hbm_bytes == 191_514_411_008
+
+
+def test_strategies_compile_deviceless_for_h100():
+    r = gpu_results()
+    for name in STRATEGIES:
+        m = r[name]
+        assert m.ok and m.platform == "cuda" and m.num_devices == 2, m.error
+        assert m.capacity_bytes == 84_942_979_072 and m.fits is True
+        assert "jax-cuda12-plugin" in m.versions and "libtpu" not in m.versions
+    # Remat shrinks the GPU compiler's temporaries as it does the TPU's.
+    assert r["unrolled"].temp_bytes > 1.05 * r["checkpoint"].temp_bytes
+
+
+def test_offload_reaches_pinned_host_on_gpu():
+    r = gpu_results()
+    assert r["offload"].host_bytes > 0
+    assert r["checkpoint"].host_bytes == 0
