@@ -41,7 +41,7 @@ def test_timed_out_compile_is_a_failed_row_and_exit_1():
     assert "checkpoint failed: timed out after 0 s" in r.stdout or "checkpoint failed: timed out after 1 s" in r.stdout
 
 
-@pytest.mark.parametrize("args,message", [
+COMPARE_BAD = [
     (["--seq", "-5"], "--seq must be a positive integer, got -5"),
     (["--seq", "abc"], "Invalid value for '--seq'"),
     (["--batch", "0"], "--batch must be a positive integer, got 0"),
@@ -64,28 +64,25 @@ def test_timed_out_compile_is_a_failed_row_and_exit_1():
     (["--devices", "0"], "--devices must be a positive integer, got 0"),
     (["--seq", "1024", "--loss-chunks", "0"], "--loss-chunks must be a positive integer, got 0"),
     (["--target", "v5p", "--devices", "6"], "no standard v5p topology has 6 devices"),
-])
-def test_bad_input_is_one_line_and_exit_2(args, message):
-    r = memprobe("compare", *args)
-    assert r.returncode == 2, r.stdout + r.stderr
-    lines = [l for l in r.stderr.splitlines() if l.startswith("memprobe: error:")]
-    assert len(lines) == 1 and message in lines[0], r.stderr
-    assert "Traceback" not in r.stderr
-
-
-@pytest.mark.parametrize("args,message", [
+]
+EXPLAIN_BAD = [
     ([], "give exactly one of --strategy NAME or --diff A B"),
     (["--strategy", "unrolled", "--diff", "unrolled", "checkpoint"], "give exactly one of"),
     (["--diff", "checkpoint", "checkpoint"], "--diff needs two different strategies"),
     (["--strategy", "fastest"], "unknown strategy 'fastest'"),
     (["--strategy", "unrolled", "--top", "0"], "--top must be a positive integer, got 0"),
     (["--strategy", "unrolled", "--seq", "-1"], "--seq must be a positive integer, got -1"),
-])
-def test_explain_bad_input_is_one_line_and_exit_2(args, message):
-    r = memprobe("explain", *args)
+]
+
+
+@pytest.mark.parametrize("command,args,message", [("compare", *case) for case in COMPARE_BAD]
+                         + [("explain", *case) for case in EXPLAIN_BAD])
+def test_bad_input_is_one_line_and_exit_2(command, args, message):
+    r = memprobe(command, *args)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [l for l in r.stderr.splitlines() if l.startswith("memprobe: error:")]
     assert len(lines) == 1 and message in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize("hidden,target,message", [
