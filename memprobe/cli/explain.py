@@ -16,7 +16,12 @@ from rich.console import Console
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line
 from memprobe.cli.compare import check_run_options, plan_from_options
-from memprobe.compile import DEFAULT_TIMEOUT_S, compile_environment, default_parallel, explain_isolated
+from memprobe.compile import (
+    DEFAULT_TIMEOUT_S,
+    compile_environment,
+    default_parallel,
+    explain_isolated,
+)
 from memprobe.errors import BadInput, MemprobeError
 from memprobe.explain import Explanation, diff
 from memprobe.measure import Measurement
@@ -59,8 +64,7 @@ def explain(
     """List what is live at the peak: shape, size, share of the peak and the model tensor of each
     buffer, from the compiler's own buffer assignment and live ranges.
 
-    Compiles with the compiler's dump files on (as long as a `compare` compile); the answer is
-    kept in the results cache.
+    Compiles with the compiler's dump files on, as long as a `compare` compile; the answer is kept in the results cache.
     """
     if (strategy is None) == (diff_pair is None):
         raise BadInput("give exactly one of --strategy NAME or --diff A B")
