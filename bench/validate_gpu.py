@@ -45,7 +45,7 @@ def measure_on_device(model: str, strategy: str, seq: int, batch: int) -> dict:
                      seq_len=seq, batch_per_device=batch)
     job = plan.jobs()[0]
     step = build_step(job, [device])
-    compiled = step.fn.lower(*step.args).compile()
+    compiled = step.lower().compile()
     mem = compiled.memory_analysis()
     estimate = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
 

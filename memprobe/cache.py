@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.metadata
 import json
 import os
 import tempfile
@@ -64,15 +63,9 @@ def source_fingerprint() -> str:
 
 
 def _versions(platform: str) -> dict[str, str]:
-    from memprobe.compile import GPU_PACKAGES
+    from memprobe.compile import GPU_PACKAGES, package_versions
 
-    out = {}
-    for pkg in ("jax", "jaxlib", "libtpu", "flax", "optax", *(GPU_PACKAGES if platform == "cuda" else ())):
-        try:
-            out[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return out
+    return package_versions(("jax", "jaxlib", "libtpu", "flax", "optax", *(GPU_PACKAGES if platform == "cuda" else ())))
 
 
 def key_fields(job: CompileJob, env: dict[str, str]) -> dict[str, Any]:

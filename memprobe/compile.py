@@ -61,15 +61,21 @@ def compile_environment(target: Target, base: dict[str, str] | None = None) -> d
 GPU_PACKAGES = ("jax-cuda12-plugin", "jax-cuda12-pjrt")
 
 
-def versions(platform: str = "tpu") -> dict[str, str]:
+def package_versions(packages) -> dict[str, str]:
+    """The installed version of each package; those not installed are left out."""
     out = {}
-    compiler = {"tpu": ("libtpu",), "cuda": GPU_PACKAGES}.get(platform, ())
-    for pkg in ("memprobe", "jax", "jaxlib", *compiler, "flax", "optax"):
+    for pkg in packages:
         try:
             out[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
             pass
     return out
+
+
+def versions(platform: str = "tpu") -> dict[str, str]:
+    """What a record was compiled with: memprobe, JAX and the target's compiler."""
+    compiler = {"tpu": ("libtpu",), "cuda": GPU_PACKAGES}.get(platform, ())
+    return package_versions(("memprobe", "jax", "jaxlib", *compiler, "flax", "optax"))
 
 
 def _base_record(job: CompileJob, **fields) -> Measurement:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from rich.console import Console
 
@@ -32,6 +35,30 @@ def check_writable(output: Path | None, option: str = "--output") -> None:
         raise BadInput(f"{option} {output}: not writable")
 
 
+def write_bytes(path: Path, data: bytes, option: str = "--chart") -> None:
+    """Writes a file the user named (a chart), saying so; an OS error is one line."""
+    try:
+        path.write_bytes(data)
+    except OSError as e:
+        raise BadInput(f"{option} {path}: cannot write ({e.strerror})") from None
+    Console(stderr=True).print(f"memprobe: wrote {path}", highlight=False)
+
+
+@contextlib.contextmanager
+def output_file(output: Path | None) -> Iterator[IO[str]]:
+    """Standard output, or the --output file (an OS error is one line, success is said)."""
+    if output is None:
+        yield sys.stdout
+        return
+    try:
+        f = output.open("w")
+    except OSError as e:
+        raise BadInput(f"--output {output}: cannot write ({e.strerror})") from None
+    with f:
+        yield f
+    Console(stderr=True).print(f"memprobe: wrote {output}", highlight=False)
+
+
 def write_result(result: Result, fmt: Format, output: Path | None, chart: Path | None = None) -> None:
     if chart is not None:
         from memprobe.render.chart import render_png
@@ -39,17 +66,6 @@ def write_result(result: Result, fmt: Format, output: Path | None, chart: Path |
         groups = result.comparisons
         for i, group in enumerate(groups):
             path = chart if len(groups) == 1 else chart.with_name(f"{chart.stem}-{i + 1}{chart.suffix}")
-            try:
-                path.write_bytes(render_png(group))
-            except OSError as e:
-                raise BadInput(f"--chart {path}: cannot write ({e.strerror})") from None
-            Console(stderr=True).print(f"memprobe: wrote {path}", highlight=False)
-    if output is None:
-        render(result, fmt, sys.stdout)
-        return
-    try:
-        with output.open("w") as f:
-            render(result, fmt, f)
-    except OSError as e:
-        raise BadInput(f"--output {output}: cannot write ({e.strerror})") from None
-    Console(stderr=True).print(f"memprobe: wrote {output}", highlight=False)
+            write_bytes(path, render_png(group))
+    with output_file(output) as f:
+        render(result, fmt, f)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import json
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,7 +13,7 @@ import typer
 from rich.console import Console
 
 from memprobe.cli import _options as o
-from memprobe.cli._output import check_writable, command_line
+from memprobe.cli._output import check_writable, command_line, output_file, write_bytes
 from memprobe.cli.compare import check_run_options, plan_from_options
 from memprobe.compile import (
     DEFAULT_TIMEOUT_S,
@@ -119,15 +118,10 @@ def _write(answers, fmt: ExplainFormat, output: Path | None, chart: Path | None,
     from memprobe.render import explain as r
 
     if chart is not None:
-        try:
-            chart.write_bytes(r.curve_png(answers))
-        except OSError as e:
-            raise BadInput(f"--chart {chart}: cannot write ({e.strerror})") from None
-        Console(stderr=True).print(f"memprobe: wrote {chart}", highlight=False)
-    file = sys.stdout if output is None else _open(output)
-    try:
-        command = command_line()
-        pair = diff(answers[0][1], answers[1][1]) if len(answers) == 2 else None
+        write_bytes(chart, r.curve_png(answers))
+    command = command_line()
+    pair = diff(answers[0][1], answers[1][1]) if len(answers) == 2 else None
+    with output_file(output) as file:
         if fmt is ExplainFormat.JSON:
             data = {"schema": SCHEMA, "schema_version": 1, "command": command,
                     "strategies": [{"measurement": m.to_dict(), "explanation": e.to_dict()} for m, e in answers]}
@@ -153,14 +147,3 @@ def _write(answers, fmt: ExplainFormat, output: Path | None, chart: Path | None,
                 r.render_markdown(frame, heading, more, notes, file)
             else:
                 r.render_table(frame, heading, more, notes, file, terminal_width(file))
-    finally:
-        if output is not None:
-            file.close()
-            Console(stderr=True).print(f"memprobe: wrote {output}", highlight=False)
-
-
-def _open(output: Path):
-    try:
-        return output.open("w")
-    except OSError as e:
-        raise BadInput(f"--output {output}: cannot write ({e.strerror})") from None

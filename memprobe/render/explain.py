@@ -88,10 +88,7 @@ def heading(m: Measurement) -> str:
 
 def curve_png(series: list[tuple[Measurement, Explanation]]) -> bytes:
     """Bytes live over program order, one line per strategy, each peak marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from memprobe.render.chart import plt  # matplotlib, set up for files only
 
     fig, ax = plt.subplots(figsize=(10, 4.8), dpi=110)
     for m, e in series:
