@@ -4,7 +4,9 @@ Most tests compile in this process (``compile_job``) for speed; the CLI tests go
 the isolated per-strategy processes, as users do.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 
 from memprobe.compile import compile_environment
@@ -16,6 +18,7 @@ from memprobe.targets import resolve_target
 os.environ.update(compile_environment(resolve_target("cpu", 4)))
 # A results cache of this test process's own, so no answer comes from an earlier run.
 os.environ["MEMPROBE_CACHE_DIR"] = tempfile.mkdtemp(prefix="memprobe-test-cache-")
+atexit.register(shutil.rmtree, os.environ["MEMPROBE_CACHE_DIR"], ignore_errors=True)
 
 
 def jobs_for(model, target, seq, batch, strategies=DEFAULT_STRATEGIES, step=Step.TRAIN):
