@@ -110,3 +110,5 @@ def test_second_explain_answers_from_the_cache(explained):
     top = data["strategies"][0]["explanation"]["buffers"][0]
     assert f"{top['bytes']:,}" in r.stdout and top["shape"] in r.stdout
     assert "more buffers" in r.stdout
+    # Like every export, the markdown names the compiler stack it came from.
+    assert f"libtpu {data['strategies'][0]['measurement']['versions']['libtpu']}" in r.stdout

@@ -137,7 +137,7 @@ def _write(answers, fmt: ExplainFormat, output: Path | None, chart: Path | None,
             notes = [f"Peak {mb.strategy} - {ma.strategy}: {gap / 2**30:+.2f} GiB ({gap:+,} bytes), "
                      "compiler estimates per device.",
                      "Rows: buffers live at each strategy's peak, grouped by what they are and their "
-                     "shape, largest difference first.", f"Command: `{command}`"]
+                     "shape, largest difference first.", r.versions_line(ma), f"Command: `{command}`"]
             sections.append((frame, f"{mb.strategy} vs {ma.strategy} at the peak: {r.title(ma)}", more, notes))
         for m, e in answers:
             frame, more = r.buffers_frame(m, e, top)

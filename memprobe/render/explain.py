@@ -13,7 +13,7 @@ import pandas as pd
 
 from memprobe.explain import Explanation
 from memprobe.measure import GIB, Measurement
-from memprobe.render.frame import fmt, title
+from memprobe.render.frame import fmt, title, versions_line
 
 MIB = 1024**2
 
@@ -44,6 +44,7 @@ def explain_notes(m: Measurement, e: Explanation, command: str | None = None) ->
            "what: forward/backward work (from the JAX op name: jvp/transpose), the model tensor scope "
            "(mlp_hidden, query_proj, ...) and the operation; parameter/optimizer state rows name the "
            "argument. Buffers whose instruction has no op name take their source's."]
+    out.append(versions_line(m))
     if command:
         out.append(f"Command: `{command}`")
     return out

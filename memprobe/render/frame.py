@@ -54,14 +54,19 @@ def footnotes(group: list[Measurement], command: str | None = None) -> list[str]
                    "as the compiler enforces it.")
     if not m0.stands_for_accelerator:
         out.append("CPU backend figures: they do not stand for any accelerator.")
-    v = m0.versions
-    shown = ("memprobe", "jax", "jaxlib", "libtpu") if m0.platform == "tpu" else (
-        "memprobe", "jax", "jaxlib", "jax-cuda12-plugin") if m0.platform == "cuda" else ("memprobe", "jax", "jaxlib")
-    out.append("Versions: " + ", ".join(f"{k} {v[k]}" for k in shown if k in v)
-               + f"; loss in {m0.loss_chunks} chunk(s); {m0.step} step.")
+    out.append(versions_line(m0))
     if command:
         out.append(f"Command: `{command}`")
     return out
+
+
+def versions_line(m: Measurement) -> str:
+    """The compiler stack a figure came from, and the step's shape knobs."""
+    v = m.versions
+    shown = ("memprobe", "jax", "jaxlib", "libtpu") if m.platform == "tpu" else (
+        "memprobe", "jax", "jaxlib", "jax-cuda12-plugin") if m.platform == "cuda" else ("memprobe", "jax", "jaxlib")
+    return ("Versions: " + ", ".join(f"{k} {v[k]}" for k in shown if k in v)
+            + f"; loss in {m.loss_chunks} chunk(s); {m.step} step.")
 
 
 def comparison_frame(measurements: list[Measurement]) -> pd.DataFrame:
