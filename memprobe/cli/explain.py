@@ -133,12 +133,7 @@ def _write(answers, fmt: ExplainFormat, output: Path | None, chart: Path | None,
         if pair is not None:
             (ma, _), (mb, _) = answers
             frame, more = r.diff_frame(pair, ma.strategy, mb.strategy, top)
-            gap = mb.peak_bytes - ma.peak_bytes
-            notes = [f"Peak {mb.strategy} - {ma.strategy}: {gap / 2**30:+.2f} GiB ({gap:+,} bytes), "
-                     "compiler estimates per device.",
-                     "Rows: buffers live at each strategy's peak, grouped by what they are and their "
-                     "shape, largest difference first.", r.versions_line(ma), f"Command: `{command}`"]
-            sections.append((frame, f"{mb.strategy} vs {ma.strategy} at the peak: {r.title(ma)}", more, notes))
+            sections.append((frame, r.diff_heading(ma, mb), more, r.diff_notes(ma, mb, command)))
         for m, e in answers:
             frame, more = r.buffers_frame(m, e, top)
             sections.append((frame, r.heading(m), more, r.explain_notes(m, e, command)))

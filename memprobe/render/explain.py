@@ -62,6 +62,21 @@ def diff_frame(rows: list[dict[str, Any]], a: str, b: str, top: int) -> tuple[pd
     return pd.DataFrame(shown), more
 
 
+def diff_heading(a: Measurement, b: Measurement) -> str:
+    return f"{b.strategy} vs {a.strategy} at the peak: {title(a)}"
+
+
+def diff_notes(a: Measurement, b: Measurement, command: str | None = None) -> list[str]:
+    gap = b.peak_bytes - a.peak_bytes
+    out = [f"Peak {b.strategy} - {a.strategy}: {gap / GIB:+.2f} GiB ({gap:+,} bytes), compiler estimates "
+           "per device.",
+           "Rows: buffers live at each strategy's peak, grouped by what they are and their shape, "
+           "largest difference first.", versions_line(a)]
+    if command:
+        out.append(f"Command: `{command}`")
+    return out
+
+
 def render_table(frame: pd.DataFrame, heading: str, more: str, notes: list[str], file: IO[str],
                  width: int) -> None:
     from rich.console import Console

@@ -63,8 +63,8 @@ def footnotes(group: list[Measurement], command: str | None = None) -> list[str]
 def versions_line(m: Measurement) -> str:
     """The compiler stack a figure came from, and the step's shape knobs."""
     v = m.versions
-    shown = ("memprobe", "jax", "jaxlib", "libtpu") if m.platform == "tpu" else (
-        "memprobe", "jax", "jaxlib", "jax-cuda12-plugin") if m.platform == "cuda" else ("memprobe", "jax", "jaxlib")
+    compiler = {"tpu": ("libtpu",), "cuda": ("jax-cuda12-plugin",)}.get(m.platform, ())
+    shown = ("memprobe", "jax", "jaxlib", *compiler)
     return ("Versions: " + ", ".join(f"{k} {v[k]}" for k in shown if k in v)
             + f"; loss in {m.loss_chunks} chunk(s); {m.step} step.")
 
