@@ -9,7 +9,8 @@ cache instead. The key is a hash of what determines the compiled program and its
   (``LIBTPU_INIT_ARGS``, ``XLA_FLAGS``) the compile process runs with;
 - a fingerprint of memprobe's own sources that build the program (the model, the
   strategy wrapper, the train step) and ``FORMAT``, bumped when the way a record is read
-  from the compiler changes.
+  from the compiler changes; an ``explain`` answer's key also carries ``EXPLAIN_FORMAT``,
+  bumped when the way the buffer listing is read changes.
 
 The key is computed without tracing: hashing the lowered program would cost a full trace
 and lowering (about a minute at full size) on every cache hit. Only successful
@@ -38,6 +39,7 @@ from memprobe.measure import Measurement
 from memprobe.plan import CompileJob
 
 FORMAT = 1
+EXPLAIN_FORMAT = 2  # 2: HBM only, shared addresses counted once (1 read the live-range file's own peak)
 _PACKAGE = Path(__file__).resolve().parent
 # The sources that build the program. The strategy enters the key by its knobs as
 # compiled; how a record is read from the compiler is covered by FORMAT.
@@ -101,7 +103,7 @@ class ResultCache:
 
     def get_explained(self, job: CompileJob, env: dict[str, str]) -> tuple[Measurement, dict] | None:
         """The stored ``memprobe explain`` answer for ``job``: (measurement, explanation)."""
-        return self._read(job, {**key_fields(job, env), "explain": True}, explained=True)
+        return self._read(job, {**key_fields(job, env), "explain": EXPLAIN_FORMAT}, explained=True)
 
     def _read(self, job: CompileJob, key: dict[str, Any], explained: bool = False):
         try:
@@ -141,7 +143,7 @@ class ResultCache:
         if not m.ok:
             return
         self.put(job, env, m)  # the figures answer `compare` too
-        key = {**key_fields(job, env), "explain": True}
+        key = {**key_fields(job, env), "explain": EXPLAIN_FORMAT}
         record = dataclasses.replace(m, cached=False).to_dict()
         self._write(key, {"key": key, "checksum": _digest([record, explanation]), "measurement": record,
                           "explanation": explanation})

@@ -6,10 +6,20 @@ Source, by what exists (measured with jax 0.12 / libtpu 0.0.50.1):
   compiles, so it cannot be used there.
 - Compiling with the ``xla_dump_to`` compiler option makes the TPU compiler write, per
   module, the optimized HLO (``*.after_optimizations.txt``), the buffer assignment
-  (``*-buffer-assignment.txt``: every value's size) and the live ranges
-  (``*-live-range.txt``: the instruction sequence, every value's live interval, and
-  "Live ranges at T (peak)": the values live at the heap peak, with sizes). memprobe
-  reads those three files; nothing else in them is relied on.
+  (``*-buffer-assignment.txt``: every allocation with its size and memory space, and every
+  value placed in it with its offset and size) and the live ranges (``*-live-range.txt``:
+  the instruction sequence and every value's live interval). memprobe reads those three
+  files; nothing else in them is relied on.
+
+What memprobe computes from them, and why not the live-range file's own "(peak)" listing:
+that listing sums every memory space together (on-chip VMEM and SMEM too), so its peak is
+not the HBM peak; on tiny E2B ``scan-checkpoint`` a fifth of it was VMEM. memprobe keeps
+the values of memory space 0 (HBM) and counts once the values that share an address while
+both are live (an in-place update: the operand's range ends where the result's begins, in
+the same bytes). That gives the bytes live in HBM at every point of the program; the peak
+is its maximum. The compiler's HBM heap is its temp allocation in space 0, sized by where
+it placed the values; memprobe checks its reading against it: the highest heap address in
+use (``heap_top_bytes``) reaches exactly the allocation's size.
 
 A buffer is named after the HLO instruction that defines it. Its shape comes from the
 optimized HLO; the JAX op name in the instruction's metadata says the rest: the model's
@@ -63,22 +73,23 @@ class Buffer:
 
 @dataclasses.dataclass
 class Explanation:
-    peak_time: int  # position in the instruction sequence
+    peak_time: int  # position in the instruction sequence where the most HBM is live
     program_length: int
-    peak_live_bytes: int  # the values live at the peak, as the live-range listing sums them
+    peak_live_bytes: int  # HBM bytes live at the peak: the buffers below
+    heap_bytes: int  # the compiler's HBM heap: its temp allocation(s) in memory space 0
+    heap_live_bytes: int  # of peak_live_bytes, the part inside the heap (the rest: arguments, outputs)
+    heap_top_bytes: int  # the highest heap address any placed value reaches (== heap_bytes when read right)
     buffers: list[Buffer]  # live at the peak, largest first
-    curve: list[tuple[int, int]]  # (program position, bytes live), sampled
+    curve: list[tuple[int, int, int]]  # (program position, HBM bytes live, bytes up to the heap top), sampled
 
     def to_dict(self) -> dict[str, Any]:
-        return {"peak_time": self.peak_time, "program_length": self.program_length,
-                "peak_live_bytes": self.peak_live_bytes,
-                "buffers": [dataclasses.asdict(b) for b in self.buffers],
-                "curve": [list(p) for p in self.curve]}
+        d = dataclasses.asdict(self)
+        d["curve"] = [list(p) for p in self.curve]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Explanation:
-        return cls(d["peak_time"], d["program_length"], d["peak_live_bytes"],
-                   [Buffer(**b) for b in d["buffers"]], [tuple(p) for p in d["curve"]])
+        return cls(**{**d, "buffers": [Buffer(**b) for b in d["buffers"]], "curve": [tuple(p) for p in d["curve"]]})
 
 
 # --- the optimized HLO: instruction -> shape, op name, first operand --------------------
@@ -160,46 +171,123 @@ def _element(shape: str, index: list[int]) -> str:
 # --- live ranges and buffer sizes --------------------------------------------------------
 
 _VALUE = re.compile(r"^([\w.\-]+)\{([\d,]*)\}$")
-_PEAK = re.compile(r"^\s*Live ranges at (\d+) \(peak\):")
-_PEAK_ROW = re.compile(r"^\s+([\w.\-]+\{[\d,]*\}): (\d+) bytes")
 _RANGE = re.compile(r"^\s+([\w.\-]+\{[\d,]*\}):(\d+)-(\d+)$")
-_SIZE = re.compile(r"value: <\d+ ([\w.\-]+)(\{[\d,]*\})?(?: \(phi\))? @\d+> \(size=(\d+),")
+_ALLOCATION = re.compile(r"^allocation (\d+): size (\d+),(?: color (\d+),)?")
+_PLACED = re.compile(r"^ value: <\d+ ([\w.\-]+)(\{[\d,]*\})?(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\)")
 
 
-def parse_live_range(text: str) -> tuple[int, int, list[tuple[str, int]], dict[str, tuple[int, int]]]:
-    """(peak position, program length, [(value, bytes) live at the peak], value -> interval)."""
-    length = peak = 0
-    live, ranges = [], {}
-    section = None
+def parse_live_range(text: str) -> tuple[int, dict[str, tuple[int, int]]]:
+    """(program length, value -> live interval, both ends inclusive)."""
+    length, ranges, in_ranges = 0, {}, False
     for line in text.splitlines():
         if line.startswith("HloLiveRange (max"):
             length = int(re.search(r"max (\d+)", line).group(1))
-            continue
-        stripped = line.strip()
-        if stripped == "BufferLiveRange:":
-            section = "ranges"
-            continue
-        m = _PEAK.match(line)
-        if m:
-            peak, section = int(m.group(1)), "peak"
-            continue
-        if stripped.startswith("Stack trace breakdown") or stripped == "InstructionSequence:":
-            section = None
-            continue
-        if section == "ranges":
+        elif line.strip() == "BufferLiveRange:":
+            in_ranges = True
+        elif in_ranges:
             r = _RANGE.match(line)
             if r:
                 ranges[r.group(1)] = (int(r.group(2)), int(r.group(3)))
-        elif section == "peak":
-            r = _PEAK_ROW.match(line)
-            if r:
-                live.append((r.group(1), int(r.group(2))))
-    return peak, length, live, ranges
+            elif line.strip():
+                in_ranges = False  # the next section ("Live ranges at ...")
+    return length, ranges
 
 
-def parse_sizes(text: str) -> dict[str, int]:
-    """Value -> bytes, from the buffer assignment listing (device memory values only)."""
-    return {m.group(1) + (m.group(2) or "{}"): int(m.group(3)) for m in _SIZE.finditer(text)}
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """Where the buffer assignment placed a value."""
+    allocation: int
+    offset: int
+    size: int
+    in_heap: bool  # in the HBM temp heap, not an argument, output or constant allocation
+
+
+def parse_assignment(text: str) -> tuple[dict[str, Slot], int]:
+    """(HBM value -> slot, the HBM heap's size). Memory space 0 only: VMEM, SMEM and host
+    memory are other spaces ("color N" in the allocation's line)."""
+    slots, heap = {}, 0
+    index, color, in_heap = -1, 0, False
+    for line in text.splitlines():
+        a = _ALLOCATION.match(line)
+        if a:
+            index, color = int(a.group(1)), int(a.group(3) or 0)
+            in_heap = "preallocated-temp" in line
+            if color == 0 and in_heap:
+                heap += int(a.group(2))
+            continue
+        if color == 0:
+            v = _PLACED.match(line)
+            if v:
+                slots[v.group(1) + (v.group(2) or "{}")] = Slot(index, int(v.group(4)), int(v.group(3)), in_heap)
+    return slots, heap
+
+
+@dataclasses.dataclass
+class Sweep:
+    live: list[int]  # HBM bytes live at each program position
+    top: list[int]  # non-heap bytes live plus the heap up to its highest address in use, per position
+    heap_top: int  # the highest heap address reached
+    peak_time: int  # the first position where ``live`` is largest
+    peak_values: list[str]  # one value per occupied address at the peak
+
+
+def sweep(ranges: dict[str, tuple[int, int]], slots: dict[str, Slot], length: int) -> Sweep:
+    """Walks the program once: at each position, adds the values that start there, measures,
+    then drops the values that end there. Values live at one address at once (an in-place
+    update) count once, at the largest size."""
+    import heapq
+
+    starts, ends = defaultdict(list), defaultdict(list)
+    for value, (start, end) in ranges.items():
+        slot = slots.get(value)
+        if slot is not None and slot.size:
+            starts[start].append(value)
+            ends[min(end, length)].append(value)
+    at: dict[tuple[int, int], list[str]] = {}  # address -> values live there
+    counted: dict[tuple[int, int], int] = {}  # address -> the bytes counted for it
+    tops: list[tuple[int, str]] = []  # heap ends of live values, negated; stale entries skipped
+    alive: set[str] = set()
+    total = outside = heap_top = best = peak_time = 0
+    live, top, peak_values = [], [], []
+
+    def recount(key: tuple[int, int]) -> int:
+        size = max((slots[v].size for v in at[key]), default=0)
+        change = size - counted.get(key, 0)
+        counted[key] = size
+        return change
+
+    for t in range(length + 1):
+        for value in starts.get(t, ()):
+            s = slots[value]
+            key = (s.allocation, s.offset)
+            at.setdefault(key, []).append(value)
+            total += recount(key)
+            alive.add(value)
+            if s.in_heap:
+                heapq.heappush(tops, (-(s.offset + s.size), value))
+            else:
+                outside += s.size
+        while tops and tops[0][1] not in alive:
+            heapq.heappop(tops)
+        heap_now = -tops[0][0] if tops else 0
+        heap_top = max(heap_top, heap_now)
+        live.append(total)
+        top.append(outside + heap_now)
+        if total > best:
+            best, peak_time = total, t
+            # Each address's occupant: its largest value, the newest of equals.
+            peak_values = [max(vs, key=lambda v: (slots[v].size, ranges[v][0])) for vs in at.values()]
+        for value in ends.get(t, ()):
+            s = slots[value]
+            key = (s.allocation, s.offset)
+            at[key].remove(value)
+            total += recount(key)
+            if not at[key]:
+                del at[key], counted[key]
+            alive.discard(value)
+            if not s.in_heap:
+                outside -= s.size
+    return Sweep(live, top, heap_top, peak_time, peak_values)
 
 
 # --- naming ---------------------------------------------------------------------------
@@ -233,20 +321,10 @@ def name_buffer(value: str, size: int, hlo: dict[str, tuple[str, str, str | None
                   layer=int(layer.group(1)) if layer else None, tensor=tensor)
 
 
-def _curve(ranges: dict[str, tuple[int, int]], sizes: dict[str, int], length: int) -> list[tuple[int, int]]:
-    delta = [0] * (length + 2)
-    for value, (start, end) in ranges.items():
-        size = sizes.get(value)
-        if size:
-            delta[start] += size
-            delta[min(end, length) + 1] -= size
-    live, heap = 0, []
-    for t in range(length + 1):
-        live += delta[t]
-        heap.append(live)
-    step = max(1, len(heap) // CURVE_POINTS)
+def _sample(live: list[int], top: list[int]) -> list[tuple[int, int, int]]:
+    step = max(1, len(live) // CURVE_POINTS)
     # Keep each window's maximum so no spike is sampled away.
-    return [(t, max(heap[t:t + step])) for t in range(0, len(heap), step)]
+    return [(t, max(live[t:t + step]), max(top[t:t + step])) for t in range(0, len(live), step)]
 
 
 def explain_dump(dump_dir: Path) -> Explanation:
@@ -259,13 +337,15 @@ def explain_dump(dump_dir: Path) -> Explanation:
             raise ExplainUnavailable(f"the compiler wrote no {pattern} for this target")
         return files[-1].read_text(errors="replace")
 
-    peak, length, live, ranges = parse_live_range(one("after_optimizations-live-range.txt"))
+    length, ranges = parse_live_range(one("after_optimizations-live-range.txt"))
+    slots, heap = parse_assignment(one("after_optimizations-buffer-assignment.txt"))
     hlo = parse_hlo(one("after_optimizations.txt"))
-    # The live-range listing's sizes where it has them, so the curve meets the peak listing.
-    sizes = parse_sizes(one("after_optimizations-buffer-assignment.txt")) | dict(live)
-    buffers = sorted((name_buffer(v, b, hlo) for v, b in live), key=lambda b: -b.bytes)
-    return Explanation(peak_time=peak, program_length=length, peak_live_bytes=sum(b for _, b in live),
-                       buffers=buffers, curve=_curve(ranges, sizes, length))
+    walk = sweep(ranges, slots, length)
+    buffers = sorted((name_buffer(v, slots[v].size, hlo) for v in walk.peak_values), key=lambda b: -b.bytes)
+    return Explanation(peak_time=walk.peak_time, program_length=length,
+                       peak_live_bytes=sum(b.bytes for b in buffers), heap_bytes=heap,
+                       heap_live_bytes=sum(slots[v].size for v in walk.peak_values if slots[v].in_heap),
+                       heap_top_bytes=walk.heap_top, buffers=buffers, curve=_sample(walk.live, walk.top))
 
 
 def diff(a: Explanation, b: Explanation) -> list[dict[str, Any]]:

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from memprobe.explain import Buffer, Explanation, diff, name_buffer, parse_hlo, parse_live_range
+from memprobe.explain import (Buffer, Explanation, diff, name_buffer, parse_assignment, parse_hlo,
+                              parse_live_range, sweep)
 from memprobe.model import PRESETS
 
 HLO = """ENTRY %main (param.1: f32[4,8]) -> f32[4,8] {
@@ -25,19 +26,33 @@ LIVE = """HloLiveRange (max 10):
     param.1{}:0-10
     fusion.7{0}:2-5
     fusion.7{1}:3-8
+    add.3{}:5-9
+    vmem.9{}:4-4
   Live ranges at 4 (peak):
     fusion.7{0}: 256 bytes (cumulative: 256 bytes)
-    param.1{}: 128 bytes (cumulative: 384 bytes)
-  Stack trace breakdown for peak usage: 384 bytes
+    vmem.9{}: 4096 bytes (cumulative: 4352 bytes)
+  Stack trace breakdown for peak usage: 4352 bytes
+"""
+
+# add.3 updates fusion.7{0} in place (same bytes; its range starts where fusion.7{0}'s ends);
+# vmem.9 is on-chip scratch (color 1), not HBM.
+ASSIGNMENT = """BufferAssignment:
+allocation 0: size 128, page 0, parameter 0, shape |f32[4,8]| at ShapeIndex {}, maybe-live-out:
+ value: <1 param.1 @0> (size=128,offset=0): f32[4,8]{1,0}
+allocation 1: size 1024, page 0, preallocated-temp:
+ value: <2 fusion.7{0} @0> (size=256,offset=512): bf16[2,4,16]{2,1,0}
+ value: <3 fusion.7{1} @0> (size=128,offset=0): f32[4,8]{1,0}
+ value: <4 add.3 @0> (size=256,offset=512): f32[4,8]{1,0}
+allocation 2: size 4096, color 1, page 0, preallocated-temp:
+ value: <5 vmem.9 @0> (size=4096,offset=0): f32[32,32]{1,0}
 """
 
 
 def test_hlo_and_live_ranges_are_read_and_named():
     hlo = parse_hlo(HLO)
     assert hlo["fusion.7"][0].startswith("(bf16[2,4,16]")
-    peak, length, live, ranges = parse_live_range(LIVE)
-    assert (peak, length, live) == (4, 10, [("fusion.7{0}", 256), ("param.1{}", 128)])
-    assert ranges["fusion.7{1}"] == (3, 8)
+    length, ranges = parse_live_range(LIVE)
+    assert length == 10 and ranges["fusion.7{1}"] == (3, 8) and len(ranges) == 5
     act = name_buffer("fusion.7{0}", 256, hlo)
     assert (act.shape, act.kind, act.layer, act.tensor) == ("bf16[2,4,16]", "forward", 3, "mlp_hidden")
     assert name_buffer("fusion.7{1}", 128, hlo).shape == "f32[4,8]"
@@ -49,9 +64,22 @@ def test_hlo_and_live_ranges_are_read_and_named():
     assert param.kind == "parameter" and param.label == "p['layers'][*]['mlp']['down'].value"
 
 
+def test_hbm_live_bytes_leave_out_other_memory_spaces_and_count_a_shared_address_once():
+    length, ranges = parse_live_range(LIVE)
+    slots, heap = parse_assignment(ASSIGNMENT)
+    assert heap == 1024 and "vmem.9{}" not in slots  # the HBM heap only; VMEM is another space
+    assert slots["add.3{}"].offset == slots["fusion.7{0}"].offset == 512 and slots["add.3{}"].in_heap
+    walk = sweep(ranges, slots, length)
+    # At 5, fusion.7{0} ends where add.3 begins, in the same bytes: 512 there, not 768.
+    assert walk.live == [128, 128, 384, 512, 512, 512, 512, 512, 512, 384, 128]
+    assert (walk.peak_time, sorted(walk.peak_values)) == (3, ["fusion.7{0}", "fusion.7{1}", "param.1{}"])
+    assert walk.heap_top == 768  # the highest heap address in use: offset 512 + 256
+
+
 def test_diff_groups_what_differs():
     def exp(*bufs):
-        return Explanation(0, 1, sum(b.bytes for b in bufs), list(bufs), [])
+        live = sum(b.bytes for b in bufs)
+        return Explanation(0, 1, live, live, live, live, list(bufs), [])
 
     h = Buffer("f{}", 100, "bf16[8]", "jvp(layer1)/mlp_hidden/dot_general", "forward", 1, "mlp_hidden")
     g = Buffer("g{}", 30, "f32[2]", "transpose(jvp(layer1))/attention/dot_general", "backward", 1, "attention")
@@ -89,7 +117,15 @@ def test_the_widest_activation_is_listed_first_with_its_shape_and_size(explained
     assert top["layer"] >= cfg.num_layers - cfg.num_kv_shared_layers  # a KV-shared layer
     m = unrolled["measurement"]
     assert m["peak_bytes"] == m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"]
-    assert unrolled["explanation"]["peak_live_bytes"] <= m["peak_bytes"]
+    for s in data["strategies"]:
+        e, m = s["explanation"], s["measurement"]
+        # memprobe's reading of the placement reaches exactly the heap the compiler allocated,
+        assert e["heap_top_bytes"] == e["heap_bytes"] > 0
+        # the marked peak is the curve's highest point and the listing sums to it,
+        assert max(p[1] for p in e["curve"]) == e["peak_live_bytes"] == sum(b["bytes"] for b in e["buffers"])
+        # and it fits inside the compiler's figures: live heap <= heap <= temp, live <= peak.
+        assert e["heap_live_bytes"] <= e["heap_bytes"] <= m["temp_bytes"]
+        assert e["peak_live_bytes"] <= m["peak_bytes"]
 
 
 def test_diff_puts_the_difference_on_the_saved_activations(explained):

@@ -133,7 +133,7 @@ def _write(answers, fmt: ExplainFormat, output: Path | None, chart: Path | None,
         if pair is not None:
             (ma, _), (mb, _) = answers
             frame, more = r.diff_frame(pair, ma.strategy, mb.strategy, top)
-            sections.append((frame, r.diff_heading(ma, mb), more, r.diff_notes(ma, mb, command)))
+            sections.append((frame, r.diff_heading(ma, mb), more, r.diff_notes(*answers, command)))
         for m, e in answers:
             frame, more = r.buffers_frame(m, e, top)
             sections.append((frame, r.heading(m), more, r.explain_notes(m, e, command)))

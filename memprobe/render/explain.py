@@ -1,7 +1,9 @@
 """`memprobe explain` output: the buffers live at the peak, a two-strategy diff, the heap curve.
 
-Every format is built from the same frames (``buffers_frame``, ``diff_frame``); the chart
-draws the sampled heap curve with the peak marked.
+Every format is built from the same frames (``buffers_frame``, ``diff_frame``) and notes;
+the notes split the peak into the buffers live at HBM's busiest point and the three things
+that are not (heap gaps, temporaries outside the HBM heap, arguments not live there). The
+chart draws the sampled curves with the peak marked.
 """
 
 from __future__ import annotations
@@ -34,13 +36,31 @@ def buffers_frame(m: Measurement, e: Explanation, top: int) -> tuple[pd.DataFram
     return pd.DataFrame(rows), more
 
 
+def _parts(m: Measurement, e: Explanation) -> dict[str, int]:
+    """The peak, split into what is live at the busiest point and the three things that are not."""
+    outside_heap = e.peak_live_bytes - e.heap_live_bytes  # arguments, outputs, constants live there
+    return {"live": e.peak_live_bytes,
+            "heap gaps": e.heap_bytes - e.heap_live_bytes,
+            "temp outside the heap": m.temp_bytes - e.heap_bytes,
+            "arguments/outputs not live": m.argument_bytes + m.output_bytes - m.alias_bytes - outside_heap}
+
+
+def _gib(n: int, sign: bool = False) -> str:
+    mark = ("+" if n >= 0 else "-") if sign else ("-" if n < 0 else "")
+    return f"{mark}{_size(abs(n))} ({n:{'+' if sign else ''},} bytes)"
+
+
 def explain_notes(m: Measurement, e: Explanation, command: str | None = None) -> list[str]:
-    out = [f"Peak (compiler estimate, per device): {m.peak_bytes / GIB:.2f} GiB ({m.peak_bytes:,} bytes) = "
-           f"argument + output - alias + temp.",
-           f"The compiler's live ranges put its heap peak at instruction {e.peak_time} of "
-           f"{e.program_length}, with {len(e.buffers)} buffers live: {e.peak_live_bytes / GIB:.2f} GiB "
-           f"({e.peak_live_bytes:,} bytes). The rest of the peak is memory its heap listing does not "
-           "cover (padding between buffers, other memory spaces, scratch).",
+    parts = _parts(m, e)
+    out = [f"Peak (compiler estimate, per device): {_gib(m.peak_bytes)} = argument + output - alias + temp.",
+           f"Busiest point of HBM: instruction {e.peak_time:,} of {e.program_length:,}, {len(e.buffers):,} "
+           f"buffers live: {_gib(e.peak_live_bytes)}, of which {_gib(e.heap_live_bytes)} in the compiler's "
+           "temporary heap and the rest arguments, outputs and constants.",
+           f"The rest of the peak is not a live buffer: heap space no live value fills even there "
+           f"{_gib(parts['heap gaps'])} (the heap is {_gib(e.heap_bytes)}, as far as the compiler's "
+           f"placement reaches); temporaries outside the HBM heap {_gib(parts['temp outside the heap'])} "
+           f"(on-chip scratch and reserves the compiler counts as temp); arguments and outputs not live "
+           f"there, less the constants that are {_gib(parts['arguments/outputs not live'])}.",
            "what: forward/backward work (from the JAX op name: jvp/transpose), the model tensor scope "
            "(mlp_hidden, query_proj, ...) and the operation; parameter/optimizer state rows name the "
            "argument. Buffers whose instruction has no op name take their source's."]
@@ -66,12 +86,19 @@ def diff_heading(a: Measurement, b: Measurement) -> str:
     return f"{b.strategy} vs {a.strategy} at the peak: {title(a)}"
 
 
-def diff_notes(a: Measurement, b: Measurement, command: str | None = None) -> list[str]:
-    gap = b.peak_bytes - a.peak_bytes
-    out = [f"Peak {b.strategy} - {a.strategy}: {gap / GIB:+.2f} GiB ({gap:+,} bytes), compiler estimates "
-           "per device.",
-           "Rows: buffers live at each strategy's peak, grouped by what they are and their shape, "
-           "largest difference first.", versions_line(a)]
+def diff_notes(a: tuple[Measurement, Explanation], b: tuple[Measurement, Explanation],
+               command: str | None = None) -> list[str]:
+    (ma, ea), (mb, eb) = a, b
+    gap = mb.peak_bytes - ma.peak_bytes
+    pa, pb = _parts(ma, ea), _parts(mb, eb)
+    split = "; ".join(f"{name} {_gib(pb[k] - pa[k], sign=True)}" for name, k in (
+        ("buffers live at the busiest point (the rows)", "live"), ("heap space not filled there", "heap gaps"),
+        ("temporaries outside the HBM heap", "temp outside the heap"),
+        ("arguments and outputs not live there", "arguments/outputs not live")))
+    out = [f"Peak {mb.strategy} - {ma.strategy}: {_gib(gap, sign=True)}, compiler estimates per device.",
+           f"Of the difference: {split}.",
+           "Rows: buffers live at each strategy's busiest point, grouped by what they are and their shape, "
+           "largest difference first.", versions_line(ma)]
     if command:
         out.append(f"Command: `{command}`")
     return out
@@ -103,19 +130,24 @@ def heading(m: Measurement) -> str:
 
 
 def curve_png(series: list[tuple[Measurement, Explanation]]) -> bytes:
-    """Bytes live over program order, one line per strategy, each peak marked."""
+    """HBM bytes live over program order, one line per strategy, the busiest point marked; a
+    dashed level at each strategy's peak (compiler estimate): the gap between the two is
+    memory reserved but not holding a live buffer."""
     from memprobe.render.chart import plt  # matplotlib, set up for files only
 
     fig, ax = plt.subplots(figsize=(10, 4.8), dpi=110)
     for m, e in series:
-        xs = [t / max(1, e.program_length) for t, _ in e.curve]
-        line, = ax.plot(xs, [v / GIB for _, v in e.curve], label=f"{m.strategy} (peak {m.peak_bytes / GIB:.2f} GiB)")
+        xs = [p[0] / max(1, e.program_length) for p in e.curve]
+        line, = ax.plot(xs, [p[1] / GIB for p in e.curve], label=f"{m.strategy}: HBM live")
+        ax.axhline(m.peak_bytes / GIB, color=line.get_color(), linestyle="--", linewidth=0.9,
+                   label=f"{m.strategy}: peak, compiler estimate ({m.peak_bytes / GIB:.2f} GiB)")
         px = e.peak_time / max(1, e.program_length)
         ax.axvline(px, color=line.get_color(), linestyle=":", linewidth=1)
-        ax.annotate(f"peak: {e.peak_live_bytes / GIB:.2f} GiB live", (px, e.peak_live_bytes / GIB),
+        ax.annotate(f"busiest: {_size(e.peak_live_bytes)} live", (px, e.peak_live_bytes / GIB),
                     textcoords="offset points", xytext=(4, 4), fontsize=8, color=line.get_color())
     ax.set_xlabel("program order (fraction of the scheduled instruction sequence)")
-    ax.set_ylabel("GiB live (compiler's live ranges)")
+    ax.set_ylabel("GiB per device (compiler's buffer assignment)")
+    ax.set_ylim(bottom=0)
     ax.set_title(title(series[0][0]), fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)
