@@ -1,11 +1,11 @@
 """What is live at the peak: the compiler's own buffer listing, named in the model's terms.
 
-Source, by what exists (measured with jax 0.12 / libtpu 0.0.50.1):
+Source, by what exists (measured with jax 0.12, libtpu 0.0.50.1 and the CUDA 12 plugin):
 
 - ``memory_analysis().serialized_buffer_assignment_proto`` is empty for deviceless TPU
   compiles, so it cannot be used there.
-- Compiling with the ``xla_dump_to`` compiler option makes the TPU compiler write, per
-  module, the optimized HLO (``*.after_optimizations.txt``), the buffer assignment
+- Compiling with the ``xla_dump_to`` compiler option makes the TPU compiler, and the GPU
+  compiler deviceless, write per module the optimized HLO (``*.after_optimizations.txt``), the buffer assignment
   (``*-buffer-assignment.txt``: every allocation with its size and memory space, and every
   value placed in it with its offset and size) and the live ranges (``*-live-range.txt``:
   the instruction sequence and every value's live interval). memprobe reads those three

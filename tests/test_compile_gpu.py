@@ -6,7 +6,7 @@ import importlib.util
 import pytest
 
 from conftest import jobs_for
-from memprobe.compile import compile_job
+from memprobe.compile import compile_job, explain_job
 from memprobe.targets import resolve_target
 
 pytestmark = pytest.mark.skipif(
@@ -18,8 +18,11 @@ STRATEGIES = ("unrolled", "checkpoint", "offload")
 
 @functools.cache
 def gpu_results():
+    """Each strategy compiled once; checkpoint with the dump files on, for ``explain``."""
     jobs = jobs_for("tiny-e2b", resolve_target("h100", 2), seq=1024, batch=2, strategies=STRATEGIES)
-    return {name: compile_job(job) for name, job in jobs.items()}
+    out = {name: compile_job(job) for name, job in jobs.items() if name != "checkpoint"}
+    out["checkpoint"], out["checkpoint explained"] = explain_job(jobs["checkpoint"])
+    return out
 
 
 def test_h100_capacity_comes_from_the_plugins_target_config():
@@ -44,3 +47,15 @@ def test_offload_reaches_pinned_host_on_gpu():
     r = gpu_results()
     assert r["offload"].host_bytes > 0
     assert r["checkpoint"].host_bytes == 0
+
+
+def test_explain_reads_the_gpu_compilers_heap():
+    r = gpu_results()
+    m, e = r["checkpoint"], r["checkpoint explained"]
+    # The GPU compiler writes the same buffer assignment and live ranges as the TPU's, and
+    # memprobe's reading of them reaches exactly the heap it allocated.
+    assert e["heap_top_bytes"] == e["heap_bytes"] > 0
+    assert e["heap_live_bytes"] <= e["heap_bytes"] <= m.temp_bytes
+    assert e["peak_live_bytes"] == sum(b["bytes"] for b in e["buffers"]) <= m.peak_bytes
+    names = {(b["kind"], b["tensor"]) for b in e["buffers"]}
+    assert ("backward", "mlp_hidden") in names and any(k == "parameter" for k, _ in names)
