@@ -21,6 +21,12 @@ is its maximum. The compiler's HBM heap is its temp allocation in space 0, sized
 it placed the values; memprobe checks its reading against it: the highest heap address in
 use (``heap_top_bytes``) reaches exactly the allocation's size.
 
+The buffer assignment also gives the allocations that are not in the heap: other HBM
+allocations that are not arguments or outputs (constants: ``fixed_bytes``) and those of
+the device's on-chip memory spaces (VMEM, SMEM: ``onchip_bytes``; memory space 5, host
+memory, is left out). On TPU, ``memory_analysis().temp_size_in_bytes`` exceeds the sum of
+all of these: the render splits the peak accordingly (render/explain.py).
+
 A buffer is named after the HLO instruction that defines it. Its shape comes from the
 optimized HLO; the JAX op name in the instruction's metadata says the rest: the model's
 ``layer<i>`` and tensor scopes (``mlp_hidden``, ``query_proj``, ...; see model/_modules.py),
@@ -79,6 +85,8 @@ class Explanation:
     heap_bytes: int  # the compiler's HBM heap: its temp allocation(s) in memory space 0
     heap_live_bytes: int  # of peak_live_bytes, the part inside the heap (the rest: arguments, outputs)
     heap_top_bytes: int  # the highest heap address any placed value reaches (== heap_bytes when read right)
+    fixed_bytes: int  # HBM allocations outside the heap that are not arguments or outputs (constants)
+    onchip_bytes: int  # allocations in the device's other memory spaces (VMEM, SMEM, ...)
     buffers: list[Buffer]  # live at the peak, largest first
     curve: list[tuple[int, int, int]]  # (program position, HBM bytes live, bytes up to the heap top), sampled
 
@@ -202,24 +210,41 @@ class Slot:
     in_heap: bool  # in the HBM temp heap, not an argument, output or constant allocation
 
 
-def parse_assignment(text: str) -> tuple[dict[str, Slot], int]:
-    """(HBM value -> slot, the HBM heap's size). Memory space 0 only: VMEM, SMEM and host
-    memory are other spaces ("color N" in the allocation's line)."""
-    slots, heap = {}, 0
+HOST_SPACE = 5  # XLA's memory space for host memory (pinned_host offload), as in S(5) layouts
+
+
+@dataclasses.dataclass
+class Assignment:
+    slots: dict[str, Slot]  # HBM value -> where it is placed
+    heap_bytes: int  # the HBM temp heap: memory space 0's preallocated-temp allocation(s)
+    fixed_bytes: int  # other HBM allocations that are neither arguments nor outputs (constants, ...)
+    onchip_bytes: int  # allocations in the other device memory spaces (VMEM, SMEM, ...)
+
+
+def parse_assignment(text: str) -> Assignment:
+    """What the buffer assignment places, and where. Values are kept for memory space 0 (HBM)
+    only: VMEM, SMEM and host memory are other spaces ("color N" in the allocation's line)."""
+    out = Assignment({}, 0, 0, 0)
     index, color, in_heap = -1, 0, False
     for line in text.splitlines():
         a = _ALLOCATION.match(line)
         if a:
-            index, color = int(a.group(1)), int(a.group(3) or 0)
-            in_heap = "preallocated-temp" in line
+            index, size, color = int(a.group(1)), int(a.group(2)), int(a.group(3) or 0)
+            kind = line[a.end():]
+            in_heap = "preallocated-temp" in kind
+            argument_or_output = "parameter" in kind or "output" in kind or "live-out" in kind
             if color == 0 and in_heap:
-                heap += int(a.group(2))
+                out.heap_bytes += size
+            elif color == 0 and not argument_or_output:
+                out.fixed_bytes += size
+            elif color not in (0, HOST_SPACE) and not argument_or_output:
+                out.onchip_bytes += size
             continue
         if color == 0:
             v = _PLACED.match(line)
             if v:
-                slots[v.group(1) + (v.group(2) or "{}")] = Slot(index, int(v.group(4)), int(v.group(3)), in_heap)
-    return slots, heap
+                out.slots[v.group(1) + (v.group(2) or "{}")] = Slot(index, int(v.group(4)), int(v.group(3)), in_heap)
+    return out
 
 
 @dataclasses.dataclass
@@ -338,14 +363,16 @@ def explain_dump(dump_dir: Path) -> Explanation:
         return files[-1].read_text(errors="replace")
 
     length, ranges = parse_live_range(one("after_optimizations-live-range.txt"))
-    slots, heap = parse_assignment(one("after_optimizations-buffer-assignment.txt"))
+    placed = parse_assignment(one("after_optimizations-buffer-assignment.txt"))
+    slots = placed.slots
     hlo = parse_hlo(one("after_optimizations.txt"))
     walk = sweep(ranges, slots, length)
     buffers = sorted((name_buffer(v, slots[v].size, hlo) for v in walk.peak_values), key=lambda b: -b.bytes)
     return Explanation(peak_time=walk.peak_time, program_length=length,
-                       peak_live_bytes=sum(b.bytes for b in buffers), heap_bytes=heap,
+                       peak_live_bytes=sum(b.bytes for b in buffers), heap_bytes=placed.heap_bytes,
                        heap_live_bytes=sum(slots[v].size for v in walk.peak_values if slots[v].in_heap),
-                       heap_top_bytes=walk.heap_top, buffers=buffers, curve=_sample(walk.live, walk.top))
+                       heap_top_bytes=walk.heap_top, fixed_bytes=placed.fixed_bytes,
+                       onchip_bytes=placed.onchip_bytes, buffers=buffers, curve=_sample(walk.live, walk.top))
 
 
 def diff(a: Explanation, b: Explanation) -> list[dict[str, Any]]:

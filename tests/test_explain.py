@@ -45,6 +45,10 @@ allocation 1: size 1024, page 0, preallocated-temp:
  value: <4 add.3 @0> (size=256,offset=512): f32[4,8]{1,0}
 allocation 2: size 4096, color 1, page 0, preallocated-temp:
  value: <5 vmem.9 @0> (size=4096,offset=0): f32[32,32]{1,0}
+allocation 3: size 512, page 0, constant:
+ value: <6 constant.4 @0> (size=512,offset=0): f32[128]{0}
+allocation 4: size 2048, color 5, page 0, preallocated-temp:
+ value: <7 host.8 @0> (size=2048,offset=0): f32[512]{0:S(5)}
 """
 
 
@@ -66,8 +70,12 @@ def test_hlo_and_live_ranges_are_read_and_named():
 
 def test_hbm_live_bytes_leave_out_other_memory_spaces_and_count_a_shared_address_once():
     length, ranges = parse_live_range(LIVE)
-    slots, heap = parse_assignment(ASSIGNMENT)
-    assert heap == 1024 and "vmem.9{}" not in slots  # the HBM heap only; VMEM is another space
+    placed = parse_assignment(ASSIGNMENT)
+    slots = placed.slots
+    # The HBM heap and its values only; VMEM is another space, counted apart, and the
+    # host-memory allocation (offload) is neither.
+    assert (placed.heap_bytes, placed.onchip_bytes, placed.fixed_bytes) == (1024, 4096, 512)
+    assert "vmem.9{}" not in slots and "host.8{}" not in slots
     assert slots["add.3{}"].offset == slots["fusion.7{0}"].offset == 512 and slots["add.3{}"].in_heap
     walk = sweep(ranges, slots, length)
     # At 5, fusion.7{0} ends where add.3 begins, in the same bytes: 512 there, not 768.
@@ -79,7 +87,7 @@ def test_hbm_live_bytes_leave_out_other_memory_spaces_and_count_a_shared_address
 def test_diff_groups_what_differs():
     def exp(*bufs):
         live = sum(b.bytes for b in bufs)
-        return Explanation(0, 1, live, live, live, live, list(bufs), [])
+        return Explanation(0, 1, live, live, live, live, 0, 0, list(bufs), [])
 
     h = Buffer("f{}", 100, "bf16[8]", "jvp(layer1)/mlp_hidden/dot_general", "forward", 1, "mlp_hidden")
     g = Buffer("g{}", 30, "f32[2]", "transpose(jvp(layer1))/attention/dot_general", "backward", 1, "attention")

@@ -1,8 +1,8 @@
 """`memprobe explain` output: the buffers live at the peak, a two-strategy diff, the heap curve.
 
 Every format is built from the same frames (``buffers_frame``, ``diff_frame``) and notes;
-the notes split the peak into the buffers live at HBM's busiest point and the three things
-that are not (heap gaps, temporaries outside the HBM heap, arguments not live there). The
+the notes split the peak into the buffers live at HBM's busiest point and the four things
+that are not (heap gaps, on-chip memory, temp placed nowhere, arguments not live there). The
 chart draws the sampled curves with the peak marked.
 """
 
@@ -37,12 +37,21 @@ def buffers_frame(m: Measurement, e: Explanation, top: int) -> tuple[pd.DataFram
 
 
 def _parts(m: Measurement, e: Explanation) -> dict[str, int]:
-    """The peak, split into what is live at the busiest point and the three things that are not."""
-    outside_heap = e.peak_live_bytes - e.heap_live_bytes  # arguments, outputs, constants live there
+    """The peak, split into the buffers live at HBM's busiest point and the four things that
+    are not; each part is a difference of the compiler's own figures, and they sum to the peak."""
+    live_outside_heap = e.peak_live_bytes - e.heap_live_bytes  # arguments, outputs, constants live there
     return {"live": e.peak_live_bytes,
             "heap gaps": e.heap_bytes - e.heap_live_bytes,
-            "temp outside the heap": m.temp_bytes - e.heap_bytes,
-            "arguments/outputs not live": m.argument_bytes + m.output_bytes - m.alias_bytes - outside_heap}
+            "on-chip": e.onchip_bytes,
+            "unplaced temp": m.temp_bytes - e.heap_bytes - e.onchip_bytes - e.fixed_bytes,
+            "not live": m.argument_bytes + m.output_bytes - m.alias_bytes + e.fixed_bytes - live_outside_heap}
+
+
+PART_NAMES = {"live": "buffers live at the busiest point (the rows)",
+              "heap gaps": "heap space no live value fills there",
+              "on-chip": "on-chip memory (VMEM, SMEM) counted as temp",
+              "unplaced temp": "temp the buffer assignment places nowhere",
+              "not live": "arguments, outputs and constants not live there"}
 
 
 def _gib(n: int, sign: bool = False) -> str:
@@ -52,15 +61,13 @@ def _gib(n: int, sign: bool = False) -> str:
 
 def explain_notes(m: Measurement, e: Explanation, command: str | None = None) -> list[str]:
     parts = _parts(m, e)
+    rest = "; ".join(f"{PART_NAMES[k]} {_gib(parts[k])}" for k in ("heap gaps", "on-chip", "unplaced temp", "not live"))
     out = [f"Peak (compiler estimate, per device): {_gib(m.peak_bytes)} = argument + output - alias + temp.",
            f"Busiest point of HBM: instruction {e.peak_time:,} of {e.program_length:,}, {len(e.buffers):,} "
            f"buffers live: {_gib(e.peak_live_bytes)}, of which {_gib(e.heap_live_bytes)} in the compiler's "
-           "temporary heap and the rest arguments, outputs and constants.",
-           f"The rest of the peak is not a live buffer: heap space no live value fills even there "
-           f"{_gib(parts['heap gaps'])} (the heap is {_gib(e.heap_bytes)}, as far as the compiler's "
-           f"placement reaches); temporaries outside the HBM heap {_gib(parts['temp outside the heap'])} "
-           f"(on-chip scratch and reserves the compiler counts as temp); arguments and outputs not live "
-           f"there, less the constants that are {_gib(parts['arguments/outputs not live'])}.",
+           f"temporary heap ({_gib(e.heap_bytes)}, as far as its placement of values reaches) and the rest "
+           "arguments, outputs and constants.",
+           f"The rest of the peak is not a buffer live in HBM there: {rest}.",
            "what: forward/backward work (from the JAX op name: jvp/transpose), the model tensor scope "
            "(mlp_hidden, query_proj, ...) and the operation; parameter/optimizer state rows name the "
            "argument. Buffers whose instruction has no op name take their source's."]
@@ -91,10 +98,7 @@ def diff_notes(a: tuple[Measurement, Explanation], b: tuple[Measurement, Explana
     (ma, ea), (mb, eb) = a, b
     gap = mb.peak_bytes - ma.peak_bytes
     pa, pb = _parts(ma, ea), _parts(mb, eb)
-    split = "; ".join(f"{name} {_gib(pb[k] - pa[k], sign=True)}" for name, k in (
-        ("buffers live at the busiest point (the rows)", "live"), ("heap space not filled there", "heap gaps"),
-        ("temporaries outside the HBM heap", "temp outside the heap"),
-        ("arguments and outputs not live there", "arguments/outputs not live")))
+    split = "; ".join(f"{PART_NAMES[k]} {_gib(pb[k] - pa[k], sign=True)}" for k in PART_NAMES)
     out = [f"Peak {mb.strategy} - {ma.strategy}: {_gib(gap, sign=True)}, compiler estimates per device.",
            f"Of the difference: {split}.",
            "Rows: buffers live at each strategy's busiest point, grouped by what they are and their shape, "
