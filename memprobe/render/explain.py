@@ -54,18 +54,18 @@ PART_NAMES = {"live": "buffers live at the busiest point (the rows)",
               "not live": "arguments, outputs and constants not live there"}
 
 
-def _gib(n: int, sign: bool = False) -> str:
+def _amount(n: int, sign: bool = False) -> str:
     mark = ("+" if n >= 0 else "-") if sign else ("-" if n < 0 else "")
     return f"{mark}{_size(abs(n))} ({n:{'+' if sign else ''},} bytes)"
 
 
 def explain_notes(m: Measurement, e: Explanation, command: str | None = None) -> list[str]:
     parts = _parts(m, e)
-    rest = "; ".join(f"{PART_NAMES[k]} {_gib(parts[k])}" for k in ("heap gaps", "on-chip", "unplaced temp", "not live"))
-    out = [f"Peak (compiler estimate, per device): {_gib(m.peak_bytes)} = argument + output - alias + temp.",
+    rest = "; ".join(f"{PART_NAMES[k]} {_amount(parts[k])}" for k in ("heap gaps", "on-chip", "unplaced temp", "not live"))
+    out = [f"Peak (compiler estimate, per device): {_amount(m.peak_bytes)} = argument + output - alias + temp.",
            f"Busiest point of HBM: instruction {e.peak_time:,} of {e.program_length:,}, {len(e.buffers):,} "
-           f"buffers live: {_gib(e.peak_live_bytes)}, of which {_gib(e.heap_live_bytes)} in the compiler's "
-           f"temporary heap ({_gib(e.heap_bytes)}, as far as its placement of values reaches) and the rest "
+           f"buffers live: {_amount(e.peak_live_bytes)}, of which {_amount(e.heap_live_bytes)} in the compiler's "
+           f"temporary heap ({_amount(e.heap_bytes)}, as far as its placement of values reaches) and the rest "
            "arguments, outputs and constants.",
            f"The rest of the peak is not a buffer live in HBM there: {rest}.",
            "what: forward/backward work (from the JAX op name: jvp/transpose), the model tensor scope "
@@ -98,8 +98,8 @@ def diff_notes(a: tuple[Measurement, Explanation], b: tuple[Measurement, Explana
     (ma, ea), (mb, eb) = a, b
     gap = mb.peak_bytes - ma.peak_bytes
     pa, pb = _parts(ma, ea), _parts(mb, eb)
-    split = "; ".join(f"{PART_NAMES[k]} {_gib(pb[k] - pa[k], sign=True)}" for k in PART_NAMES)
-    out = [f"Peak {mb.strategy} - {ma.strategy}: {_gib(gap, sign=True)}, compiler estimates per device.",
+    split = "; ".join(f"{PART_NAMES[k]} {_amount(pb[k] - pa[k], sign=True)}" for k in PART_NAMES)
+    out = [f"Peak {mb.strategy} - {ma.strategy}: {_amount(gap, sign=True)}, compiler estimates per device.",
            f"Of the difference: {split}.",
            "Rows: buffers live at each strategy's busiest point, grouped by what they are and their shape, "
            "largest difference first.", versions_line(ma)]
