@@ -134,6 +134,9 @@ def test_the_widest_activation_is_listed_first_with_its_shape_and_size(explained
         # and it fits inside the compiler's figures: live heap <= heap <= temp, live <= peak.
         assert e["heap_live_bytes"] <= e["heap_bytes"] <= m["temp_bytes"]
         assert e["peak_live_bytes"] <= m["peak_bytes"]
+        # The JSON carries the split of the peak; on TPU every part is there and none is negative.
+        assert sum(s["peak_parts"].values()) == m["peak_bytes"] and min(s["peak_parts"].values()) >= 0
+        assert s["peak_parts"]["onchip"] > 0 and s["peak_parts"]["heap_gaps"] > 0
 
 
 def test_diff_puts_the_difference_on_the_saved_activations(explained):

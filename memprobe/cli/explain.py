@@ -124,7 +124,8 @@ def _write(answers, fmt: ExplainFormat, output: Path | None, chart: Path | None,
     with output_file(output) as file:
         if fmt is ExplainFormat.JSON:
             data = {"schema": SCHEMA, "schema_version": 1, "command": command,
-                    "strategies": [{"measurement": m.to_dict(), "explanation": e.to_dict()} for m, e in answers]}
+                    "strategies": [{"measurement": m.to_dict(), "explanation": e.to_dict(),
+                                    "peak_parts": r.peak_parts(m, e)} for m, e in answers]}
             if pair is not None:
                 data["diff"] = pair
             file.write(json.dumps(data, indent=2) + "\n")

@@ -36,22 +36,22 @@ def buffers_frame(m: Measurement, e: Explanation, top: int) -> tuple[pd.DataFram
     return pd.DataFrame(rows), more
 
 
-def _parts(m: Measurement, e: Explanation) -> dict[str, int]:
+def peak_parts(m: Measurement, e: Explanation) -> dict[str, int]:
     """The peak, split into the buffers live at HBM's busiest point and the four things that
     are not; each part is a difference of the compiler's own figures, and they sum to the peak."""
     live_outside_heap = e.peak_live_bytes - e.heap_live_bytes  # arguments, outputs, constants live there
     return {"live": e.peak_live_bytes,
-            "heap gaps": e.heap_bytes - e.heap_live_bytes,
-            "on-chip": e.onchip_bytes,
-            "unplaced temp": m.temp_bytes - e.heap_bytes - e.onchip_bytes - e.fixed_bytes,
-            "not live": m.argument_bytes + m.output_bytes - m.alias_bytes + e.fixed_bytes - live_outside_heap}
+            "heap_gaps": e.heap_bytes - e.heap_live_bytes,
+            "onchip": e.onchip_bytes,
+            "unplaced_temp": m.temp_bytes - e.heap_bytes - e.onchip_bytes - e.fixed_bytes,
+            "not_live": m.argument_bytes + m.output_bytes - m.alias_bytes + e.fixed_bytes - live_outside_heap}
 
 
 PART_NAMES = {"live": "buffers live at the busiest point (the rows)",
-              "heap gaps": "heap space no live value fills there",
-              "on-chip": "on-chip memory (VMEM, SMEM) counted as temp",
-              "unplaced temp": "temp the buffer assignment places nowhere",
-              "not live": "arguments, outputs and constants not live there"}
+              "heap_gaps": "heap space no live value fills there",
+              "onchip": "on-chip memory (VMEM, SMEM) counted as temp",
+              "unplaced_temp": "temp the buffer assignment places nowhere",
+              "not_live": "arguments, outputs and constants not live there"}
 
 
 def _amount(n: int, sign: bool = False) -> str:
@@ -60,8 +60,8 @@ def _amount(n: int, sign: bool = False) -> str:
 
 
 def explain_notes(m: Measurement, e: Explanation, command: str | None = None) -> list[str]:
-    parts = _parts(m, e)
-    rest = "; ".join(f"{PART_NAMES[k]} {_amount(parts[k])}" for k in ("heap gaps", "on-chip", "unplaced temp", "not live"))
+    parts = peak_parts(m, e)
+    rest = "; ".join(f"{PART_NAMES[k]} {_amount(parts[k])}" for k in ("heap_gaps", "onchip", "unplaced_temp", "not_live"))
     out = [f"Peak (compiler estimate, per device): {_amount(m.peak_bytes)} = argument + output - alias + temp.",
            f"Busiest point of HBM: instruction {e.peak_time:,} of {e.program_length:,}, {len(e.buffers):,} "
            f"buffers live: {_amount(e.peak_live_bytes)}, of which {_amount(e.heap_live_bytes)} in the compiler's "
@@ -97,7 +97,7 @@ def diff_notes(a: tuple[Measurement, Explanation], b: tuple[Measurement, Explana
                command: str | None = None) -> list[str]:
     (ma, ea), (mb, eb) = a, b
     gap = mb.peak_bytes - ma.peak_bytes
-    pa, pb = _parts(ma, ea), _parts(mb, eb)
+    pa, pb = peak_parts(ma, ea), peak_parts(mb, eb)
     split = "; ".join(f"{PART_NAMES[k]} {_amount(pb[k] - pa[k], sign=True)}" for k in PART_NAMES)
     out = [f"Peak {mb.strategy} - {ma.strategy}: {_amount(gap, sign=True)}, compiler estimates per device.",
            f"Of the difference: {split}.",
