@@ -38,6 +38,7 @@ copies, all-gathers) take it from their first operand.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -88,7 +89,7 @@ class Explanation:
     fixed_bytes: int  # HBM allocations outside the heap that are not arguments or outputs (constants)
     onchip_bytes: int  # allocations in the device's other memory spaces (VMEM, SMEM, ...)
     buffers: list[Buffer]  # live at the peak, largest first
-    curve: list[tuple[int, int, int]]  # (program position, HBM bytes live, bytes up to the heap top), sampled
+    curve: list[tuple[int, int]]  # (program position, HBM bytes live), sampled
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -250,7 +251,6 @@ def parse_assignment(text: str) -> Assignment:
 @dataclasses.dataclass
 class Sweep:
     live: list[int]  # HBM bytes live at each program position
-    top: list[int]  # non-heap bytes live plus the heap up to its highest address in use, per position
     heap_top: int  # the highest heap address reached
     peak_time: int  # the first position where ``live`` is largest
     peak_values: list[str]  # one value per occupied address at the peak
@@ -260,8 +260,6 @@ def sweep(ranges: dict[str, tuple[int, int]], slots: dict[str, Slot], length: in
     """Walks the program once: at each position, adds the values that start there, measures,
     then drops the values that end there. Values live at one address at once (an in-place
     update) count once, at the largest size."""
-    import heapq
-
     starts, ends = defaultdict(list), defaultdict(list)
     for value, (start, end) in ranges.items():
         slot = slots.get(value)
@@ -272,8 +270,8 @@ def sweep(ranges: dict[str, tuple[int, int]], slots: dict[str, Slot], length: in
     counted: dict[tuple[int, int], int] = {}  # address -> the bytes counted for it
     tops: list[tuple[int, str]] = []  # heap ends of live values, negated; stale entries skipped
     alive: set[str] = set()
-    total = outside = heap_top = best = peak_time = 0
-    live, top, peak_values = [], [], []
+    total = heap_top = 0
+    live = []
 
     def recount(key: tuple[int, int]) -> int:
         size = max((slots[v].size for v in at[key]), default=0)
@@ -290,18 +288,10 @@ def sweep(ranges: dict[str, tuple[int, int]], slots: dict[str, Slot], length: in
             alive.add(value)
             if s.in_heap:
                 heapq.heappush(tops, (-(s.offset + s.size), value))
-            else:
-                outside += s.size
         while tops and tops[0][1] not in alive:
             heapq.heappop(tops)
-        heap_now = -tops[0][0] if tops else 0
-        heap_top = max(heap_top, heap_now)
+        heap_top = max(heap_top, -tops[0][0] if tops else 0)
         live.append(total)
-        top.append(outside + heap_now)
-        if total > best:
-            best, peak_time = total, t
-            # Each address's occupant: its largest value, the newest of equals.
-            peak_values = [max(vs, key=lambda v: (slots[v].size, ranges[v][0])) for vs in at.values()]
         for value in ends.get(t, ()):
             s = slots[value]
             key = (s.allocation, s.offset)
@@ -310,9 +300,19 @@ def sweep(ranges: dict[str, tuple[int, int]], slots: dict[str, Slot], length: in
             if not at[key]:
                 del at[key], counted[key]
             alive.discard(value)
-            if not s.in_heap:
-                outside -= s.size
-    return Sweep(live, top, heap_top, peak_time, peak_values)
+    peak_time = live.index(max(live)) if live else 0
+    # Each address's occupant at the peak: its largest value, the newest of equals.
+    occupants: dict[tuple[int, int], str] = {}
+    for values in starts.values():
+        for value in values:
+            start, end = ranges[value]
+            if not start <= peak_time <= end:
+                continue
+            key = (slots[value].allocation, slots[value].offset)
+            rival = occupants.get(key)
+            if rival is None or (slots[value].size, start) > (slots[rival].size, ranges[rival][0]):
+                occupants[key] = value
+    return Sweep(live, heap_top, peak_time, list(occupants.values()))
 
 
 # --- naming ---------------------------------------------------------------------------
@@ -346,10 +346,10 @@ def name_buffer(value: str, size: int, hlo: dict[str, tuple[str, str, str | None
                   layer=int(layer.group(1)) if layer else None, tensor=tensor)
 
 
-def _sample(live: list[int], top: list[int]) -> list[tuple[int, int, int]]:
+def _sample(live: list[int]) -> list[tuple[int, int]]:
     step = max(1, len(live) // CURVE_POINTS)
     # Keep each window's maximum so no spike is sampled away.
-    return [(t, max(live[t:t + step]), max(top[t:t + step])) for t in range(0, len(live), step)]
+    return [(t, max(live[t:t + step])) for t in range(0, len(live), step)]
 
 
 def explain_dump(dump_dir: Path) -> Explanation:
@@ -372,7 +372,7 @@ def explain_dump(dump_dir: Path) -> Explanation:
                        peak_live_bytes=sum(b.bytes for b in buffers), heap_bytes=placed.heap_bytes,
                        heap_live_bytes=sum(slots[v].size for v in walk.peak_values if slots[v].in_heap),
                        heap_top_bytes=walk.heap_top, fixed_bytes=placed.fixed_bytes,
-                       onchip_bytes=placed.onchip_bytes, buffers=buffers, curve=_sample(walk.live, walk.top))
+                       onchip_bytes=placed.onchip_bytes, buffers=buffers, curve=_sample(walk.live))
 
 
 def diff(a: Explanation, b: Explanation) -> list[dict[str, Any]]:
