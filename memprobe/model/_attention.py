@@ -64,7 +64,12 @@ def _score_block(q_blk, q_pos, k, v, i, j, window, block, back):
     start, k_pos = _key_range(i, j, window, block, back)
     k_blk, v_blk = _slice(k, start, block), _slice(v, start, block)
     s = jnp.einsum("bqkgh,bskh->bkgqs", q_blk, k_blk, preferred_element_type=jnp.float32)
-    return start, k_blk, v_blk, s, _mask(q_pos, k_pos, window)
+    # The mask depends only on block positions, not on the layer's data. Without the barrier
+    # XLA computes it ahead for every (query, key) block pair at once, broadcast over batch
+    # and heads, when the layers sit in one-trip scans: 36 GiB per device for full-size E4B
+    # scan-checkpoint (memprobe explain). Tying it to the scores keeps it per block.
+    s, keep = jax.lax.optimization_barrier((s, _mask(q_pos, k_pos, window)))
+    return start, k_blk, v_blk, s, keep
 
 
 def _forward(q, k, v, window, block, scale):
