@@ -98,13 +98,23 @@ class Explanation:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Explanation:
-        return cls(**{**d, "buffers": [Buffer(**b) for b in d["buffers"]], "curve": [tuple(p) for p in d["curve"]]})
+        # Answers stored before op names were unescaped (cache entries, saved JSON) read
+        # the same as fresh ones: an op name holds no backslash once unescaped, so unescaping
+        # it again changes nothing.
+        buffers = [Buffer(**{**b, "op_name": unescape(b["op_name"])}) for b in d["buffers"]]
+        return cls(**{**d, "buffers": buffers, "curve": [tuple(p) for p in d["curve"]]})
 
 
 # --- the optimized HLO: instruction -> shape, op name, first operand --------------------
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = ")
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')  # HLO text escapes quotes inside
+_ESCAPED = re.compile(r"\\(['\"\\])")
+
+
+def unescape(op_name: str) -> str:
+    """An op name as JAX wrote it: HLO text prints ``p['ple_table']`` as ``p[\\'ple_table\\']``."""
+    return _ESCAPED.sub(r"\1", op_name)
 _LAYOUT = re.compile(r"\{[^{}]*\}")
 
 
@@ -164,7 +174,7 @@ def parse_hlo(text: str) -> dict[str, tuple[str, str, str | None]]:
             om = re.match(r"\s*%?([\w.\-]+)", after[paren + 1:])
             operand = om.group(1) if om else None
         op = _OP_NAME.search(line)
-        out[m.group(1)] = (shape, op.group(1) if op else "", operand)
+        out[m.group(1)] = (shape, unescape(op.group(1)) if op else "", operand)
     return out
 
 

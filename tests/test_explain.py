@@ -1,5 +1,6 @@
 """`memprobe explain`: the compiler's buffer listing, named in the model's terms."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -7,12 +8,20 @@ import sys
 
 import pytest
 
-from memprobe.explain import (Buffer, Explanation, diff, name_buffer, parse_assignment, parse_hlo,
-                              parse_live_range, sweep)
+from memprobe.explain import (
+    Buffer,
+    Explanation,
+    diff,
+    name_buffer,
+    parse_assignment,
+    parse_hlo,
+    parse_live_range,
+    sweep,
+)
 from memprobe.model import PRESETS
 
 HLO = """ENTRY %main (param.1: f32[4,8]) -> f32[4,8] {
-  %param.1 = f32[4,8]{1,0:T(8,128)} parameter(0), metadata={op_name="p['layers'][3]['mlp']['down'].value"}
+  %param.1 = f32[4,8]{1,0:T(8,128)} parameter(0), metadata={op_name="p[\\'layers\\'][3][\\'mlp\\'][\\'down\\'].value"}
   %fusion.7 = (bf16[2,4,16]{2,1,0:T(8,128)(2,1)}, /*index=1*/f32[4,8]{1,0}) fusion(%param.1), kind=kLoop, metadata={op_name="jit(train_step)/jvp(layer3)/mlp_hidden/dot_general" stack_frame_id=1}
   %copy-start.2 = (f32[4,8]{1,0:S(1)}, f32[4,8]{1,0}, u32[]) copy-start(%fusion.7), cross_program_prefetch_index=0
   ROOT %add.3 = f32[4,8]{1,0} add(%param.1, %param.1), metadata={op_name="jit(train_step)/transpose(jvp(layer12))/attention_out/add"}
@@ -66,6 +75,13 @@ def test_hlo_and_live_ranges_are_read_and_named():
     assert (back.kind, back.layer, back.tensor) == ("backward", 12, "attention_out")
     param = name_buffer("param.1{}", 128, hlo)
     assert param.kind == "parameter" and param.label == "p['layers'][*]['mlp']['down'].value"
+    # HLO text escapes the quotes of an op name; the name is read back as JAX wrote it, and so
+    # is one stored escaped (by an older memprobe) in the cache or a saved JSON.
+    assert param.op_name == "p['layers'][3]['mlp']['down'].value"
+    stored = Explanation(peak_time=0, program_length=1, peak_live_bytes=128, heap_bytes=0, heap_live_bytes=0,
+                         heap_top_bytes=0, fixed_bytes=0, onchip_bytes=0, buffers=[dataclasses.replace(
+                             param, op_name="p[\\'layers\\'][3][\\'mlp\\'][\\'down\\'].value")], curve=[])
+    assert Explanation.from_dict(stored.to_dict()).buffers[0].label == param.label
 
 
 def test_hbm_live_bytes_leave_out_other_memory_spaces_and_count_a_shared_address_once():
@@ -137,6 +153,10 @@ def test_the_widest_activation_is_listed_first_with_its_shape_and_size(explained
         # The JSON carries the split of the peak; on TPU every part is there and none is negative.
         assert sum(s["peak_parts"].values()) == m["peak_bytes"] and min(s["peak_parts"].values()) >= 0
         assert s["peak_parts"]["onchip"] > 0 and s["peak_parts"]["heap_gaps"] > 0
+        # Parameters are named as JAX named them, quotes unescaped, layers collapsed.
+        params = [b for b in e["buffers"] if b["kind"] == "parameter"]
+        assert params and all("\\" not in b["op_name"] for b in e["buffers"])
+        assert any(b["op_name"].startswith("p['layers'][") for b in params)
 
 
 def test_diff_puts_the_difference_on_the_saved_activations(explained):
