@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 from typer.exceptions import Abort, Exit, TyperException
 
 from memprobe.cli import check, compare, explain, report, strategies, targets
+from memprobe.cli._output import messages
 from memprobe.errors import MemprobeError
 
 app = typer.Typer(
@@ -26,7 +26,7 @@ app.command("explain")(explain.explain)
 app.command("strategies")(strategies.list_strategies)
 app.command("targets")(targets.list_targets)
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = messages()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,12 @@ from memprobe.render import Format, render
 from memprobe.result import Result
 
 
+def messages() -> Console:
+    """Standard error, for progress and notices: never wrapped (a path stays on one line,
+    so logs can be searched and copied), no colour guessed into numbers or paths."""
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
 def command_line() -> str:
     """The command as the user typed it, for report footers."""
     return shlex.join(["memprobe", *sys.argv[1:]])
@@ -41,7 +47,7 @@ def write_bytes(path: Path, data: bytes, option: str = "--chart") -> None:
         path.write_bytes(data)
     except OSError as e:
         raise BadInput(f"{option} {path}: cannot write ({e.strerror})") from None
-    Console(stderr=True).print(f"memprobe: wrote {path}", highlight=False)
+    messages().print(f"memprobe: wrote {path}")
 
 
 @contextlib.contextmanager
@@ -56,7 +62,7 @@ def output_file(output: Path | None) -> Iterator[IO[str]]:
         raise BadInput(f"--output {output}: cannot write ({e.strerror})") from None
     with f:
         yield f
-    Console(stderr=True).print(f"memprobe: wrote {output}", highlight=False)
+    messages().print(f"memprobe: wrote {output}")
 
 
 def write_result(result: Result, fmt: Format, output: Path | None, chart: Path | None = None) -> None:

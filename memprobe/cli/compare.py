@@ -7,17 +7,20 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from memprobe.cli import _options as o
 from memprobe.cache import ResultCache
-from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_host_cap, default_parallel
+from memprobe.cli import _options as o
+from memprobe.cli._output import check_writable, command_line, messages, write_result
+from memprobe.compile import (
+    DEFAULT_TIMEOUT_S,
+    compile_jobs,
+    default_host_cap,
+    default_parallel,
+)
 from memprobe.errors import BadInput
 from memprobe.measure import Measurement, parse_size
 from memprobe.plan import DEFAULT_MODEL, Plan, Step, make_plan
-from memprobe.cli._output import check_writable, command_line, write_result
 from memprobe.render import Format
 from memprobe.result import Result
 from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue, select
@@ -89,7 +92,7 @@ def baseline(
     result = Result(measurements, command=command_line())
     if not all(m.ok for m in measurements):
         write_result(result, Format.TABLE, None)
-        Console(stderr=True).print(f"memprobe: not writing {output}: a baseline needs every strategy "
+        messages().print(f"memprobe: not writing {output}: a baseline needs every strategy "
                                    "compiled", highlight=False)
         return 1
     write_result(result, Format.JSON, output)
@@ -109,7 +112,7 @@ def plan_from_options(seq, batch, model, target, devices, topology, strategies, 
         skipped = [s.name for s in chosen if s.offload]
         chosen = [s for s in chosen if not s.offload]
         if skipped:
-            Console(stderr=True).print(f"memprobe: skipping {', '.join(skipped)}: {where.name} has no "
+            messages().print(f"memprobe: skipping {', '.join(skipped)}: {where.name} has no "
                                        "host memory space to offload to", highlight=False)
     return make_plan(model=model, strategies=chosen, target=where, seq_len=seq,
                      batch_per_device=batch, loss_chunks=loss_chunks, step=step)
@@ -137,7 +140,7 @@ def run_plan(plan: Plan, timeout: float, jobs: int | None, no_cache: bool,
     measurements = _compile_with_progress(plan, timeout, jobs, None if no_cache else ResultCache(),
                                           max_host_bytes)
     cached = sum(m.cached for m in measurements)
-    Console(stderr=True).print(f"memprobe: {len(measurements) - cached} compiled, {cached} from cache, "
+    messages().print(f"memprobe: {len(measurements) - cached} compiled, {cached} from cache, "
                                f"in {time.monotonic() - started:.0f} s wall time", highlight=False)
     return measurements
 
@@ -153,7 +156,7 @@ def strategy_names(catalogue, strategies: str | None) -> list[str]:
 
 def _compile_with_progress(plan, timeout: float, parallel: int, cache, max_host_bytes=None):
     jobs = plan.jobs()
-    err = Console(stderr=True)
+    err = messages()
     progress = Progress(SpinnerColumn(), TextColumn("{task.description:<18}"),
                         TextColumn("{task.fields[state]}"), TimeElapsedColumn(), console=err,
                         transient=False, disable=not err.is_terminal)

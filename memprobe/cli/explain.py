@@ -10,10 +10,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from memprobe.cli import _options as o
-from memprobe.cli._output import check_writable, command_line, output_file, write_bytes
+from memprobe.cli._output import (
+    check_writable,
+    command_line,
+    messages,
+    output_file,
+    write_bytes,
+)
 from memprobe.cli.compare import check_run_options, plan_from_options
 from memprobe.compile import (
     DEFAULT_TIMEOUT_S,
@@ -88,7 +93,7 @@ def explain(
 def _explained(job, timeout: float, cap: int | None, no_cache: bool) -> tuple[Measurement, Explanation]:
     from memprobe.cache import ResultCache
 
-    err = Console(stderr=True, highlight=False)
+    err = messages()
     cache = None if no_cache else ResultCache()
     env = compile_environment(job.target)
     hit = cache.get_explained(job, env) if cache else None
