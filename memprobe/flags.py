@@ -5,6 +5,12 @@
   policy that saved nothing new).
 - ``offload inert``: a strategy asks for offloading but no byte reached host memory.
 - ``over capacity``: the per-device peak exceeds the target's HBM.
+- ``xla peak above``: XLA's own ``peak_memory_in_bytes`` is above the peak memprobe ranks
+  by (argument + output - alias + temp), which it normally stays below. Measured on full-size
+  E4B ``offload-mlp`` (164.26 GiB against 132.13 GiB, with 153.75 GiB bound for host
+  memory): ``memprobe explain`` found 100.70 GiB live in HBM at the busiest point, so
+  XLA's figure was not an HBM figure there. The flag sends the reader to ``explain``
+  rather than letting the higher number pass for the HBM need.
 
 Flags are computed from measurements alone, at render time, so every format shows the
 same ones.
@@ -19,6 +25,7 @@ from memprobe.measure import GIB, Measurement
 COLLAPSED = "collapsed"
 OFFLOAD_INERT = "offload inert"
 OVER_CAPACITY = "over capacity"
+XLA_PEAK_ABOVE = "xla peak above"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,4 +61,10 @@ def sanity_flags(measurements: list[Measurement]) -> dict[str, list[Flag]]:
             flags[m.strategy].append(Flag(
                 m.strategy, OVER_CAPACITY,
                 f"peak {m.peak_bytes / GIB:.2f} GiB > HBM {m.capacity_bytes / GIB:.2f} GiB"))
+        if m.xla_peak_bytes is not None and m.xla_peak_bytes > m.peak_bytes:
+            why = f"XLA's peak {m.xla_peak_bytes / GIB:.2f} GiB > peak {m.peak_bytes / GIB:.2f} GiB"
+            if m.host_bytes:
+                why += f", with {m.host_bytes / GIB:.2f} GiB bound for host memory"
+            flags[m.strategy].append(Flag(m.strategy, XLA_PEAK_ABOVE,
+                                          why + "; `memprobe explain` shows what is live in HBM"))
     return flags
