@@ -177,5 +177,10 @@ def test_second_explain_answers_from_the_cache(explained):
     top = data["strategies"][0]["explanation"]["buffers"][0]
     assert f"{top['bytes']:,}" in r.stdout and top["shape"] in r.stdout
     assert "more buffers" in r.stdout
+    # XLA's own peak is set beside the HBM live at the busiest point, to the byte.
+    m, e = data["strategies"][0]["measurement"], data["strategies"][0]["explanation"]
+    line = next(x for x in r.stdout.splitlines() if "XLA's own peak (peak_memory_in_bytes)" in x)
+    assert f"({m['xla_peak_bytes']:,} bytes)" in line
+    assert f"({m['xla_peak_bytes'] - e['peak_live_bytes']:+,} bytes) against the HBM live" in line
     # Like every export, the markdown names the compiler stack it came from.
     assert f"libtpu {data['strategies'][0]['measurement']['versions']['libtpu']}" in r.stdout

@@ -59,6 +59,16 @@ def _amount(n: int, sign: bool = False) -> str:
     return f"{mark}{_size(abs(n))} ({n:{'+' if sign else ''},} bytes)"
 
 
+def _xla_peak_note(m: Measurement, e: Explanation) -> list[str]:
+    """XLA's own peak beside what is live: on TPU they agree to a few MB, except under heavy
+    host offload (E4B offload-mlp: 63.56 GiB apart), where XLA's is no HBM figure."""
+    if m.xla_peak_bytes is None:
+        return []
+    host = f"; {_amount(m.host_bytes)} bound for host memory" if m.host_bytes else ""
+    return [f"XLA's own peak (peak_memory_in_bytes): {_amount(m.xla_peak_bytes)}, "
+            f"{_amount(m.xla_peak_bytes - e.peak_live_bytes, sign=True)} against the HBM live at the busiest point{host}."]
+
+
 def explain_notes(m: Measurement, e: Explanation, command: str | None = None) -> list[str]:
     parts = peak_parts(m, e)
     rest = "; ".join(f"{PART_NAMES[k]} {_amount(parts[k])}" for k in ("heap_gaps", "onchip", "unplaced_temp", "not_live"))
@@ -68,6 +78,7 @@ def explain_notes(m: Measurement, e: Explanation, command: str | None = None) ->
            f"temporary heap ({_amount(e.heap_bytes)}, as far as its placement of values reaches) and the rest "
            "arguments, outputs and constants.",
            f"The rest of the peak is not a buffer live in HBM there: {rest}.",
+           *_xla_peak_note(m, e),
            "what: forward/backward work (from the JAX op name: jvp/transpose), the model tensor scope "
            "(mlp_hidden, query_proj, ...) and the operation; parameter/optimizer state rows name the "
            "argument. Buffers whose instruction has no op name take their source's."]
