@@ -7,6 +7,8 @@ import pytest
 
 from conftest import jobs_for
 from memprobe.compile import compile_job, explain_job
+from memprobe.explain import Explanation
+from memprobe.render.explain import peak_parts
 from memprobe.targets import resolve_target
 
 pytestmark = pytest.mark.skipif(
@@ -59,3 +61,8 @@ def test_explain_reads_the_gpu_compilers_heap():
     assert e["peak_live_bytes"] == sum(b["bytes"] for b in e["buffers"]) <= m.peak_bytes
     names = {(b["kind"], b["tensor"]) for b in e["buffers"]}
     assert ("backward", "mlp_hidden") in names and any(k == "parameter" for k, _ in names)
+    # Its temp is the heap to the byte, constants beside it: every part of the peak's split
+    # is >= 0 and none is placed nowhere (no unplaced temp on GPU).
+    parts = peak_parts(m, Explanation.from_dict(e))
+    assert m.temp_bytes == e["heap_bytes"] and parts["unplaced_temp"] == 0
+    assert sum(parts.values()) == m.peak_bytes and min(parts.values()) >= 0
