@@ -185,7 +185,7 @@ def _compile_with_progress(plan, timeout: float, parallel: int, cache, max_host_
                     took = time.monotonic() - started[i]
                     err.print(f"memprobe: {jobs[i].strategy.name}: {state} after {took:.0f} s", highlight=False)
 
-        err.print(f"memprobe: compiling {len(jobs)} strateg{'y' if len(jobs) == 1 else 'ies'} for "
+        err.print(f"memprobe: measuring {len(jobs)} strateg{'y' if len(jobs) == 1 else 'ies'} for "
                   f"{plan.model.name} on {plan.target.label}", highlight=False)
         return compile_jobs(jobs, timeout_s=timeout, parallel=parallel, on_event=on_event,
                             cache=cache, max_host_bytes=max_host_bytes)
