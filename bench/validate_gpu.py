@@ -1,20 +1,32 @@
 """Measured vs estimated: run the real train step on a local accelerator and compare.
 
-For each strategy, in a fresh process each (so the device's peak counter starts at zero):
+Three figures per strategy, all per device, all for the same train step (forward,
+backward, AdamW update) on one device:
 
-1. the deviceless estimate: memprobe's compile for ``--target`` (h200 by default) with one
-   device, exactly as ``memprobe compare`` makes it;
+1. the deviceless estimate: memprobe's compile for ``--target`` (h200 by default), exactly
+   as ``memprobe compare --target h200 --devices 1`` makes it; or, with ``--estimates``,
+   read from such a command's JSON, computed on another machine (the GPU machine lent
+   here has another jax and CUDA plugin than memprobe's gpu extra; see the README);
 2. the on-device compile's own estimate: the same step compiled for the local device,
-   ``memory_analysis()`` peak (argument + output - alias + temp);
+   ``memory_analysis()`` argument + output - alias + temp;
 3. the measurement: parameters, AdamW state and a batch filled with random values on the
    device, one training step run, then ``memory_stats()["peak_bytes_in_use"]``.
 
-    .venv/bin/python bench/validate_gpu.py                       # gemma4-e2b, seq 1024, batch 1
-    .venv/bin/python bench/validate_gpu.py --model tiny-e2b --strategies unrolled,checkpoint
+Built for a short lease on a GPU (15 minutes, machine start included), so:
 
-It prints a markdown table (bytes and GiB) and the exact command, for reports/. On a
-machine without an accelerator the device column reads "n/a (cpu has no memory_stats)":
-that is how this script is tested here; the figures need a real GPU.
+- phase 1 compiles every strategy for the device at once (``--jobs`` processes), which
+  gives figure 2 and fills a persistent compilation cache;
+- phase 2 runs the strategies one after another, each in a fresh process (the device's
+  peak counter starts at zero), loading its executable from that cache;
+- every finished row is written at once to ``--out`` (``rows.jsonl`` and ``table.md``), so
+  a run stopped at its time limit still returns what it measured; ``--budget`` stops
+  starting new work after that many seconds.
+
+    .venv/bin/python bench/validate_gpu.py --model tiny-e2b --target cpu --seq 256 --batch 2
+    python3 bench/validate_gpu.py --seq 8192 --batch 1 --estimates reports/FILE.json --out DIR
+
+On a machine without an accelerator the measured column reads "n/a (cpu has no
+memory_stats)": that is how the tests run this script; the figures need a real GPU.
 """
 
 from __future__ import annotations
@@ -25,16 +37,17 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 GIB = 1024**3
+ALL = ("checkpoint,scan-checkpoint,unrolled,offload,minimal,dots-no-batch,offload-mlp,scan-offload")
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def measure_on_device(model: str, strategy: str, seq: int, batch: int) -> dict:
-    """Runs in a child process: one real training step on the first local device."""
+def _job(model: str, strategy: str, seq: int, batch: int):
     import jax
-    import jax.numpy as jnp
 
-    from memprobe.build import build_step
     from memprobe.plan import make_plan
     from memprobe.strategy import load_catalogue, select
     from memprobe.targets import Target
@@ -43,84 +56,219 @@ def measure_on_device(model: str, strategy: str, seq: int, batch: int) -> dict:
     target = Target(platform=device.platform, name=device.platform, num_devices=1)
     plan = make_plan(model=model, strategies=select(load_catalogue(), [strategy]), target=target,
                      seq_len=seq, batch_per_device=batch)
-    job = plan.jobs()[0]
+    return device, plan.jobs()[0]
+
+
+def _compiled(job, device):
+    from memprobe.build import build_step
+
     step = build_step(job, [device])
+    t0 = time.perf_counter()
     compiled = step.lower().compile()
     mem = compiled.memory_analysis()
-    estimate = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
+    estimate = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+                + mem.temp_size_in_bytes)
+    return step, compiled, int(estimate), time.perf_counter() - t0
 
+
+def compile_on_device(model: str, strategy: str, seq: int, batch: int) -> dict:
+    """Child process, phase 1: the on-device compile's estimate (fills the compilation cache)."""
+    device, job = _job(model, strategy, seq, batch)
+    _, _, estimate, seconds = _compiled(job, device)
+    return {"strategy": strategy, "on_device_estimate": estimate, "compile_s": round(seconds, 1)}
+
+
+def measure_on_device(model: str, strategy: str, seq: int, batch: int) -> dict:
+    """Child process, phase 2: one real training step on the first local device."""
+    import jax
+    import jax.numpy as jnp
+
+    device, job = _job(model, strategy, seq, batch)
+    step, compiled, estimate, seconds = _compiled(job, device)
     keys = iter(jax.random.split(jax.random.key(0), 4096))
 
     def fill(x):
-        if jnp.issubdtype(x.dtype, jnp.integer):  # tokens and targets
-            make = lambda k: jax.random.randint(k, x.shape, 0, job.model.vocab_size, x.dtype)  # noqa: E731
+        if jnp.issubdtype(x.dtype, jnp.integer):  # tokens, targets, the optimizer's count
+            def make(k):
+                return jax.random.randint(k, x.shape, 0, job.model.vocab_size, x.dtype)
         else:
-            make = lambda k: (0.02 * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype)  # noqa: E731
+            def make(k):
+                return (0.02 * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype)
         return jax.jit(make, out_shardings=x.sharding)(next(keys))
 
     args = jax.tree.map(fill, step.args)
     jax.block_until_ready(args)
+    before = device.memory_stats() or {}
     t0 = time.perf_counter()
     out = compiled(*args)
     jax.block_until_ready(out)
-    seconds = time.perf_counter() - t0
+    step_s = time.perf_counter() - t0
     stats = device.memory_stats() or {}
-    return {"strategy": strategy, "device": str(device.device_kind), "on_device_estimate": int(estimate),
-            "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "step_seconds": round(seconds, 3),
-            "bytes_limit": stats.get("bytes_limit")}
+    return {"strategy": strategy, "device": str(device.device_kind), "on_device_estimate": estimate,
+            "compile_s": round(seconds, 1), "step_s": round(step_s, 3),
+            "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+            # The random fill's own peak; when it is the higher, the step did not set the peak.
+            "peak_before_step": before.get("peak_bytes_in_use"),
+            "in_use_before_step": before.get("bytes_in_use"), "bytes_limit": stats.get("bytes_limit"),
+            "versions": _versions()}
 
 
-def deviceless_estimate(model: str, strategy: str, target: str, seq: int, batch: int) -> int | None:
-    from memprobe.compile import compile_isolated
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {}
+    for pkg in ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def deviceless_estimates(args) -> tuple[dict[str, int | None], str]:
+    """Per strategy, memprobe's deviceless peak: read from --estimates, else compiled here."""
+    if args.estimates:
+        data = json.loads(Path(args.estimates).read_text())
+        [group] = data["comparisons"]
+        cfg = group["config"]
+        want = {"model": args.model, "seq_len": args.seq, "batch_per_device": args.batch, "num_devices": 1}
+        wrong = {k: (cfg.get(k), v) for k, v in want.items() if cfg.get(k) != v}
+        if wrong:
+            sys.exit(f"validate_gpu: {args.estimates} is for another configuration: {wrong}")
+        rows = {r["strategy"]: (r["peak_bytes"] if r["status"] == "ok" else None) for r in group["rows"]}
+        versions = group["rows"][0].get("versions", {})
+        source = (f"memprobe's {cfg['target']} compile, from {Path(args.estimates).name} "
+                  f"({', '.join(f'{k} {v}' for k, v in versions.items())})")
+        return rows, source
+
+    from memprobe.compile import compile_jobs
     from memprobe.plan import make_plan
     from memprobe.strategy import load_catalogue, select
     from memprobe.targets import resolve_target
 
-    plan = make_plan(model=model, strategies=select(load_catalogue(), [strategy]),
-                     target=resolve_target(target, 1), seq_len=seq, batch_per_device=batch)
-    m = compile_isolated(plan.jobs()[0])
-    return m.peak_bytes if m.ok else None
+    plan = make_plan(model=args.model, strategies=select(load_catalogue(), args.strategies),
+                     target=resolve_target(args.target, 1), seq_len=args.seq, batch_per_device=args.batch)
+    ms = compile_jobs(plan.jobs(), parallel=args.jobs)
+    return {m.strategy: (m.peak_bytes if m.ok else None) for m in ms}, f"memprobe's {args.target} compile, run here"
+
+
+def _child(mode: str, strategy: str, args, env: dict[str, str], timeout: float) -> dict:
+    cmd = [sys.executable, __file__, mode, strategy, "--model", args.model, "--seq", str(args.seq),
+           "--batch", str(args.batch)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=max(timeout, 1), check=False)
+    except subprocess.TimeoutExpired:
+        return {"strategy": strategy, "error": f"stopped after {timeout:.0f} s (--budget)"}
+    if r.returncode != 0:
+        lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()] or ["no output"]
+        return {"strategy": strategy, "error": lines[-1][:200]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def _gib(n: int | None) -> str:
     return "n/a" if n is None else f"{n / GIB:.2f} GiB ({n:,} B)"
 
 
+def _ratio(a: int | None, b: int | None) -> str:
+    return f"{a / b:.3f}" if a and b else "-"
+
+
+def table(rows: list[dict], args, source: str, started: float) -> str:
+    lines = [f"{args.model} train step, seq {args.seq} x batch {args.batch}, one device. Deviceless "
+             f"estimates: {source}. All figures per device; estimates are the compilers', "
+             "measured is the device allocator's peak after one step.", "",
+             "| strategy | deviceless estimate | on-device compile estimate | measured peak_bytes_in_use "
+             "| measured / deviceless | measured / on-device | note |",
+             "|:--|--:|--:|--:|--:|--:|:--|"]
+    for r in rows:
+        measured = r.get("peak_bytes_in_use")
+        if r.get("error"):
+            note = f"failed: {r['error']}"
+        elif measured is None:
+            note = f"n/a ({r.get('device', '?')} has no memory_stats)"
+        else:
+            note = f"{r['device']}; step {r['step_s']} s"
+            if r.get("peak_before_step") and r["peak_before_step"] >= measured:
+                note += "; peak set before the step (random fill)"
+        lines.append(f"| {r['strategy']} | {_gib(r.get('deviceless'))} | {_gib(r.get('on_device_estimate'))} "
+                     f"| {_gib(measured)} | {_ratio(measured, r.get('deviceless'))} "
+                     f"| {_ratio(measured, r.get('on_device_estimate'))} | {note} |")
+    versions = next((r["versions"] for r in rows if r.get("versions")), {})
+    lines += ["", f"On-device stack: {', '.join(f'{k} {v}' for k, v in versions.items()) or 'n/a'}.",
+              f"Wall time: {time.monotonic() - started:.0f} s.",
+              f"Command: `{' '.join(['python', 'bench/validate_gpu.py', *sys.argv[1:]])}`", ""]
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="gemma4-e2b")
-    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--seq", type=int, default=8192)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--target", default="h200", help="the deviceless target to compare with")
-    p.add_argument("--strategies", default="unrolled,checkpoint,scan-checkpoint,offload,dots-no-batch,"
-                   "minimal,offload-mlp,scan-offload")
-    p.add_argument("--one", help=argparse.SUPPRESS)  # child process: measure this strategy
-    a = p.parse_args()
-    if a.one:
-        print(json.dumps(measure_on_device(a.model, a.one, a.seq, a.batch)))
+    p.add_argument("--estimates", help="JSON of `memprobe compare --target h200 --devices 1 --format json` "
+                   "for the same model, seq and batch, instead of compiling deviceless here")
+    p.add_argument("--strategies", default=ALL)
+    p.add_argument("--out", type=Path, help="folder for rows.jsonl and table.md, written as rows finish")
+    p.add_argument("--budget", type=float, default=86400, help="seconds after which no new work starts")
+    p.add_argument("--jobs", type=int, default=4, help="phase 1 compiles at once")
+    p.add_argument("--compile-one", help=argparse.SUPPRESS)  # child process, phase 1
+    p.add_argument("--one", help=argparse.SUPPRESS)  # child process, phase 2
+    args = p.parse_args()
+    if args.compile_one:
+        print(json.dumps(compile_on_device(args.model, args.compile_one, args.seq, args.batch)))
         return
+    if args.one:
+        print(json.dumps(measure_on_device(args.model, args.one, args.seq, args.batch)))
+        return
+
+    started = time.monotonic()
+    args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+    estimates, source = deviceless_estimates(args)
+    print(f"validate_gpu: deviceless estimates ({source}) after {time.monotonic() - started:.0f} s", flush=True)
+
+    cache = (args.out or Path("/tmp")) / "jax-cache"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": os.pathsep.join(
+               [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           # Phase 1 runs several processes on one device: none may take the memory up front.
+           "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95",
+           "JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+
+    def left() -> float:
+        return args.budget - (time.monotonic() - started)
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        first = dict(zip(args.strategies, pool.map(
+            lambda s: _child("--compile-one", s, args, env, left()), args.strategies), strict=True))
+    for s, r in first.items():
+        print(f"validate_gpu: compiled {s} on the device: {r.get('compile_s', '-')} s "
+              f"{r.get('error', '')}", flush=True)
+
     rows = []
-    for strategy in a.strategies.split(","):
-        estimate = deviceless_estimate(a.model, strategy, a.target, a.seq, a.batch)
-        child = subprocess.run([sys.executable, __file__, "--one", strategy, "--model", a.model,
-                                "--seq", str(a.seq), "--batch", str(a.batch)],
-                               capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-        if child.returncode != 0:
-            why = (child.stderr.strip().splitlines() or ["no output"])[-1][:160]
-            rows.append((strategy, estimate, None, None, None, f"failed: {why}"))
-            continue
-        r = json.loads(child.stdout.strip().splitlines()[-1])
-        measured = r["peak_bytes_in_use"]
-        ratio = f"{measured / estimate:.3f}" if measured and estimate else "-"
-        note = r["device"] if measured is not None else f"n/a ({r['device']} has no memory_stats)"
-        rows.append((strategy, estimate, r["on_device_estimate"], measured, ratio, note))
-    print(f"\n{a.model}, seq {a.seq} x batch {a.batch}, one device; deviceless target {a.target}\n")
-    print(f"| strategy | deviceless {a.target} estimate | on-device compile estimate | measured peak_bytes_in_use "
-          "| measured / deviceless | device |")
-    print("|---|---:|---:|---:|---:|---|")
-    for s, est, dev, meas, ratio, note in rows:
-        print(f"| {s} | {_gib(est)} | {_gib(dev)} | {_gib(meas)} | {ratio or '-'} | {note} |")
-    print(f"\nCommand: `{' '.join(['python', 'bench/validate_gpu.py', *sys.argv[1:]])}`")
+    for s in args.strategies:
+        if first[s].get("error"):
+            r = {**first[s]}
+        elif left() <= 0:
+            r = {"strategy": s, "on_device_estimate": first[s]["on_device_estimate"],
+                 "error": "not run: --budget spent"}
+        else:
+            r = _child("--one", s, args, env, left())
+            # Phase 1's figure: an executable loaded from the persistent cache may lose its
+            # memory statistics, so phase 2's own reading is kept only beside it.
+            r["loaded_estimate"] = r.get("on_device_estimate")
+            r["on_device_estimate"] = first[s]["on_device_estimate"]
+        r["deviceless"] = estimates.get(s)
+        rows.append(r)
+        print(f"validate_gpu: {s}: measured {_gib(r.get('peak_bytes_in_use'))} "
+              f"{r.get('error', '')} ({time.monotonic() - started:.0f} s)", flush=True)
+        if args.out:
+            with open(args.out / "rows.jsonl", "a") as f:
+                f.write(json.dumps(r) + "\n")
+            (args.out / "table.md").write_text(table(rows, args, source, started))
+    print("\n" + table(rows, args, source, started))
 
 
 if __name__ == "__main__":
