@@ -19,8 +19,8 @@ Built for a short lease on a GPU (15 minutes, machine start included), so:
 - phase 2 runs the strategies one after another, each in a fresh process (the device's
   peak counter starts at zero), loading its executable from that cache;
 - every finished row is written at once to ``--out`` (``rows.jsonl`` and ``table.md``), so
-  a run stopped at its time limit still returns what it measured; ``--budget`` stops
-  starting new work after that many seconds.
+  a run stopped at its time limit still returns what it measured; ``--budget`` stops all
+  work after that many seconds (what was running is marked so).
 
     .venv/bin/python bench/validate_gpu.py --model tiny-e2b --target cpu --seq 256 --batch 2
     python3 bench/validate_gpu.py --seq 8192 --batch 1 --estimates reports/FILE.json --out DIR
@@ -36,6 +36,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -53,7 +54,8 @@ def _job(model: str, strategy: str, seq: int, batch: int):
     from memprobe.targets import Target
 
     device = jax.devices()[0]
-    target = Target(platform=device.platform, name=device.platform, num_devices=1)
+    platform = "cuda" if device.platform == "gpu" else device.platform  # memprobe's name for it
+    target = Target(platform=platform, name=platform, num_devices=1)
     plan = make_plan(model=model, strategies=select(load_catalogue(), [strategy]), target=target,
                      seq_len=seq, batch_per_device=batch)
     return device, plan.jobs()[0]
@@ -85,18 +87,20 @@ def measure_on_device(model: str, strategy: str, seq: int, batch: int) -> dict:
 
     device, job = _job(model, strategy, seq, batch)
     step, compiled, estimate, seconds = _compiled(job, device)
-    keys = iter(jax.random.split(jax.random.key(0), 4096))
+    # One program fills every argument (a program per array would compile hundreds of times).
+    leaves, treedef = jax.tree.flatten(step.args)
 
-    def fill(x):
-        if jnp.issubdtype(x.dtype, jnp.integer):  # tokens, targets, the optimizer's count
-            def make(k):
-                return jax.random.randint(k, x.shape, 0, job.model.vocab_size, x.dtype)
-        else:
-            def make(k):
-                return (0.02 * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype)
-        return jax.jit(make, out_shardings=x.sharding)(next(keys))
+    def fill(key):
+        out = []
+        for k, x in zip(jax.random.split(key, len(leaves)), leaves, strict=True):
+            if jnp.issubdtype(x.dtype, jnp.integer):  # tokens, targets, the optimizer's count
+                out.append(jax.random.randint(k, x.shape, 0, job.model.vocab_size, x.dtype))
+            else:
+                out.append((0.02 * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype))
+        return out
 
-    args = jax.tree.map(fill, step.args)
+    filled = jax.jit(fill, out_shardings=[x.sharding for x in leaves])(jax.random.key(0))
+    args = jax.tree.unflatten(treedef, filled)
     jax.block_until_ready(args)
     before = device.memory_stats() or {}
     t0 = time.perf_counter()
@@ -105,7 +109,7 @@ def measure_on_device(model: str, strategy: str, seq: int, batch: int) -> dict:
     step_s = time.perf_counter() - t0
     stats = device.memory_stats() or {}
     return {"strategy": strategy, "device": str(device.device_kind), "on_device_estimate": estimate,
-            "compile_s": round(seconds, 1), "step_s": round(step_s, 3),
+            "load_s": round(seconds, 1), "step_s": round(step_s, 3),  # compile, from phase 1's cache
             "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
             # The random fill's own peak; when it is the higher, the step did not set the peak.
             "peak_before_step": before.get("peak_bytes_in_use"),
@@ -187,7 +191,7 @@ def table(rows: list[dict], args, source: str, started: float) -> str:
         elif measured is None:
             note = f"n/a ({r.get('device', '?')} has no memory_stats)"
         else:
-            note = f"{r['device']}; step {r['step_s']} s"
+            note = f"{r['device']}; compile {r.get('compile_s')} s, from cache {r.get('load_s')} s, step {r['step_s']} s"
             if r.get("peak_before_step") and r["peak_before_step"] >= measured:
                 note += "; peak set before the step (random fill)"
         lines.append(f"| {r['strategy']} | {_gib(r.get('deviceless'))} | {_gib(r.get('on_device_estimate'))} "
@@ -210,7 +214,7 @@ def main() -> None:
                    "for the same model, seq and batch, instead of compiling deviceless here")
     p.add_argument("--strategies", default=ALL)
     p.add_argument("--out", type=Path, help="folder for rows.jsonl and table.md, written as rows finish")
-    p.add_argument("--budget", type=float, default=86400, help="seconds after which no new work starts")
+    p.add_argument("--budget", type=float, default=86400, help="seconds after which work still running is stopped (its row says so) and none starts")
     p.add_argument("--jobs", type=int, default=4, help="phase 1 compiles at once")
     p.add_argument("--compile-one", help=argparse.SUPPRESS)  # child process, phase 1
     p.add_argument("--one", help=argparse.SUPPRESS)  # child process, phase 2
@@ -229,12 +233,12 @@ def main() -> None:
     estimates, source = deviceless_estimates(args)
     print(f"validate_gpu: deviceless estimates ({source}) after {time.monotonic() - started:.0f} s", flush=True)
 
-    cache = (args.out or Path("/tmp")) / "jax-cache"
+    cache = tempfile.mkdtemp(prefix="validate-gpu-jax-cache-")  # fresh: phase 1 must really compile
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": os.pathsep.join(
                [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
            # Phase 1 runs several processes on one device: none may take the memory up front.
            "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95",
-           "JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
 
     def left() -> float:
@@ -260,6 +264,7 @@ def main() -> None:
             # memory statistics, so phase 2's own reading is kept only beside it.
             r["loaded_estimate"] = r.get("on_device_estimate")
             r["on_device_estimate"] = first[s]["on_device_estimate"]
+            r["compile_s"] = first[s]["compile_s"]
         r["deviceless"] = estimates.get(s)
         rows.append(r)
         print(f"validate_gpu: {s}: measured {_gib(r.get('peak_bytes_in_use'))} "

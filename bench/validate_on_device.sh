@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The one command for a lent GPU machine (the H200 of the device tool), run from the
+# repository root there with .whl carried. That machine has Python 3.12 with jax 0.11.2 and
+# the CUDA 13 plugin but cannot install anything, and memprobe's own stack (jaxlib 0.12,
+# CUDA 12 plugin) is far over what may travel; so memprobe runs from its source on the
+# machine's jax, with flax and optax carried at the versions memprobe was tested with.
+# The deviceless H200 figures come from reports/ (computed here with memprobe's gpu extra).
+#
+# Prepare here, once:   ./bench/validate_on_device.sh --prepare
+# (Extra arguments go to validate_gpu.py, ESTIMATES names another estimates file: for a
+# dry run on a small model.)
+# Then, with the device tool:  run(command="bash bench/validate_on_device.sh",
+#                                  carry=[".whl"], timeout_s=600)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ESTIMATES=${ESTIMATES:-reports/gemma4-e2b-seq8192-b1-h200-1.json}
+
+if [[ "${1:-}" == "--prepare" ]]; then
+    .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        -d .whl flax==0.12.12 optax==0.2.8 && ls -l .whl
+    exit
+fi
+
+OUT=${OUT:-/tmp/validate-gpu-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.csv" 2>&1
+# 8 on-device compiles at once (16 cores, 128 GiB here), then one process per strategy;
+# all work stops at 480 s, so the table comes back inside the tool's 600 s.
+python3 bench/validate_gpu.py --seq 8192 --batch 1 --estimates "$ESTIMATES" --out "$OUT" \
+    --jobs 8 --budget "${BUDGET:-480}" "$@" 2>&1 | tee "$OUT/log"
