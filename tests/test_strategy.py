@@ -107,10 +107,13 @@ def test_strategies_do_not_change_loss_or_gradients():
     ref_loss, ref_grads = _loss_and_grads("unrolled", model, tokens, targets)
     assert np.isfinite(float(ref_loss)) and float(ref_loss) > 0
     assert float(jax.tree.reduce(lambda a, b: a + jnp.sum(jnp.abs(b)), ref_grads, 0.0)) > 0
+    largest = max(float(np.abs(g).max()) for g in jax.tree.leaves(ref_grads))
     for name in DEFAULT_STRATEGIES[1:]:
         loss, grads = _loss_and_grads(name, model, tokens, targets)
         np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
         # Recomputation fuses differently, so float32 sums round differently: allow 1e-4 of
-        # each array's scale, far below any change a wrong graph would make.
+        # each array's scale, far below any change a wrong graph would make, and never less
+        # than a millionth of the largest gradient (jax 0.11.2 put 2.8e-9 of rounding on
+        # the last layer's layer_scale, whose gradient is 1.9e-9 against a largest of 1.03).
         jax.tree.map(lambda a, b: np.testing.assert_allclose(
-            a, b, rtol=1e-3, atol=1e-4 * float(np.abs(b).max())), grads, ref_grads)
+            a, b, rtol=1e-3, atol=max(1e-4 * float(np.abs(b).max()), 1e-6 * largest)), grads, ref_grads)
