@@ -8,16 +8,8 @@ import sys
 
 import pytest
 
-from memprobe.explain import (
-    Buffer,
-    Explanation,
-    diff,
-    name_buffer,
-    parse_assignment,
-    parse_hlo,
-    parse_live_range,
-    sweep,
-)
+from memprobe.explain import (Buffer, Explanation, diff, name_buffer, parse_assignment, parse_hlo,
+                              parse_live_range, sweep)
 from memprobe.model import PRESETS
 
 HLO = """ENTRY %main (param.1: f32[4,8]) -> f32[4,8] {

@@ -12,12 +12,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from memprobe.cache import ResultCache
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, write_result
-from memprobe.compile import (
-    DEFAULT_TIMEOUT_S,
-    compile_jobs,
-    default_host_cap,
-    default_parallel,
-)
+from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_host_cap, default_parallel
 from memprobe.errors import BadInput
 from memprobe.measure import Measurement, parse_size
 from memprobe.plan import DEFAULT_MODEL, Plan, Step, make_plan
@@ -92,8 +87,7 @@ def baseline(
     result = Result(measurements, command=command_line())
     if not all(m.ok for m in measurements):
         write_result(result, Format.TABLE, None)
-        messages().print(f"memprobe: not writing {output}: a baseline needs every strategy "
-                                   "compiled", highlight=False)
+        messages().print(f"memprobe: not writing {output}: a baseline needs every strategy compiled")
         return 1
     write_result(result, Format.JSON, output)
     return 0
@@ -113,7 +107,7 @@ def plan_from_options(seq, batch, model, target, devices, topology, strategies, 
         chosen = [s for s in chosen if not s.offload]
         if skipped:
             messages().print(f"memprobe: skipping {', '.join(skipped)}: {where.name} has no "
-                                       "host memory space to offload to", highlight=False)
+                             "host memory space to offload to")
     return make_plan(model=model, strategies=chosen, target=where, seq_len=seq,
                      batch_per_device=batch, loss_chunks=loss_chunks, step=step)
 
@@ -141,7 +135,7 @@ def run_plan(plan: Plan, timeout: float, jobs: int | None, no_cache: bool,
                                           max_host_bytes)
     cached = sum(m.cached for m in measurements)
     messages().print(f"memprobe: {len(measurements) - cached} compiled, {cached} from cache, "
-                               f"in {time.monotonic() - started:.0f} s wall time", highlight=False)
+                     f"in {time.monotonic() - started:.0f} s wall time")
     return measurements
 
 

@@ -12,13 +12,7 @@ from typing import Annotated
 import typer
 
 from memprobe.cli import _options as o
-from memprobe.cli._output import (
-    check_writable,
-    command_line,
-    messages,
-    output_file,
-    write_bytes,
-)
+from memprobe.cli._output import check_writable, command_line, messages, output_file, write_bytes
 from memprobe.cli.compare import check_run_options, plan_from_options
 from memprobe.compile import (
     DEFAULT_TIMEOUT_S,
