@@ -26,9 +26,16 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# The carried flax needs the machine's treescope, orbax and tensorstore; should they be too
+# old for it, the machine's own flax and optax are the next best thing (the log says so).
+if ! python3 -c "import flax.nnx, optax" 2>"$OUT/import.err"; then
+    echo "validate_on_device: carried flax/optax do not import here (import.err); using the machine's" \
+        | tee -a "$OUT/log"
+    export PYTHONPATH=$PWD
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.csv" 2>&1
 # 4 on-device compiles at once (16 cores, 128 GiB there; each autotunes on the GPU, so not
 # all 8), then one process per strategy;
 # all work stops at 480 s, so the table comes back inside the tool's 600 s.
 python3 bench/validate_gpu.py --seq 8192 --batch 1 --estimates "$ESTIMATES" --out "$OUT" \
-    --jobs 4 --budget "${BUDGET:-480}" "$@" 2>&1 | tee "$OUT/log"
+    --jobs 4 --budget "${BUDGET:-480}" "$@" 2>&1 | tee -a "$OUT/log"
