@@ -67,10 +67,13 @@ def _compiled(job, device):
     step = build_step(job, [device])
     t0 = time.perf_counter()
     compiled = step.lower().compile()
-    mem = compiled.memory_analysis()
-    estimate = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-                + mem.temp_size_in_bytes)
-    return step, compiled, int(estimate), time.perf_counter() - t0
+    try:  # an executable loaded from the persistent cache may come without its statistics
+        mem = compiled.memory_analysis()
+        estimate = int(mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+                       + mem.temp_size_in_bytes) or None
+    except Exception:  # noqa: BLE001 - phase 2 needs the executable, not its figures
+        estimate = None
+    return step, compiled, estimate, time.perf_counter() - t0
 
 
 def compile_on_device(model: str, strategy: str, seq: int, batch: int) -> dict:
@@ -194,6 +197,8 @@ def table(rows: list[dict], args, source: str, started: float) -> str:
             note = f"{r['device']}; compile {r.get('compile_s')} s, from cache {r.get('load_s')} s, step {r['step_s']} s"
             if r.get("peak_before_step") and r["peak_before_step"] >= measured:
                 note += "; peak set before the step (random fill)"
+            if r.get("phase1_error"):
+                note += "; compiled alone after phase 1 failed (rows.jsonl has why)"
         lines.append(f"| {r['strategy']} | {_gib(r.get('deviceless'))} | {_gib(r.get('on_device_estimate'))} "
                      f"| {_gib(measured)} | {_ratio(measured, r.get('deviceless'))} "
                      f"| {_ratio(measured, r.get('on_device_estimate'))} | {note} |")
@@ -253,18 +258,20 @@ def main() -> None:
 
     rows = []
     for s in args.strategies:
-        if first[s].get("error"):
-            r = {**first[s]}
-        elif left() <= 0:
-            r = {"strategy": s, "on_device_estimate": first[s]["on_device_estimate"],
-                 "error": "not run: --budget spent"}
+        if left() <= 0:
+            r = {"strategy": s, "on_device_estimate": first[s].get("on_device_estimate"),
+                 "error": first[s].get("error") or "not run: --budget spent"}
         else:
+            # Run even when phase 1 failed: alone on the device (phase 1 ran several compiles
+            # at once) it may well compile, and then it measures its own estimate.
             r = _child("--one", s, args, env, left())
-            # Phase 1's figure: an executable loaded from the persistent cache may lose its
-            # memory statistics, so phase 2's own reading is kept only beside it.
+            # Phase 1's figure first: an executable loaded from the persistent cache may come
+            # without its memory statistics; phase 2's own reading is kept beside it.
             r["loaded_estimate"] = r.get("on_device_estimate")
-            r["on_device_estimate"] = first[s]["on_device_estimate"]
-            r["compile_s"] = first[s]["compile_s"]
+            r["on_device_estimate"] = first[s].get("on_device_estimate") or r["loaded_estimate"]
+            r["compile_s"] = first[s].get("compile_s")
+            if first[s].get("error"):
+                r["phase1_error"] = first[s]["error"]
         r["deviceless"] = estimates.get(s)
         rows.append(r)
         print(f"validate_gpu: {s}: measured {_gib(r.get('peak_bytes_in_use'))} "
