@@ -121,32 +121,29 @@ def measure_on_device(model: str, strategy: str, seq: int, batch: int) -> dict:
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata as md
+    from memprobe.compile import package_versions
 
-    out = {}
-    for pkg in ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    return out
+    return package_versions(("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax"))
 
 
 def deviceless_estimates(args) -> tuple[dict[str, int | None], str]:
     """Per strategy, memprobe's deviceless peak: read from --estimates, else compiled here."""
     if args.estimates:
-        data = json.loads(Path(args.estimates).read_text())
-        [group] = data["comparisons"]
-        cfg = group["config"]
+        from memprobe.errors import BadInput
+        from memprobe.result import Result
+
+        try:  # memprobe's own reader: a malformed file is refused in one line
+            [group] = Result.load(Path(args.estimates)).comparisons
+        except (BadInput, ValueError) as e:
+            sys.exit(f"validate_gpu: {e}")
+        first = group[0]
         want = {"model": args.model, "seq_len": args.seq, "batch_per_device": args.batch, "num_devices": 1}
-        wrong = {k: (cfg.get(k), v) for k, v in want.items() if cfg.get(k) != v}
+        wrong = {k: (getattr(first, k), v) for k, v in want.items() if getattr(first, k) != v}
         if wrong:
             sys.exit(f"validate_gpu: {args.estimates} is for another configuration: {wrong}")
-        rows = {r["strategy"]: (r["peak_bytes"] if r["status"] == "ok" else None) for r in group["rows"]}
-        versions = group["rows"][0].get("versions", {})
-        source = (f"memprobe's {cfg['target']} compile, from {Path(args.estimates).name} "
-                  f"({', '.join(f'{k} {v}' for k, v in versions.items())})")
-        return rows, source
+        source = (f"memprobe's {first.target} compile, from {Path(args.estimates).name} "
+                  f"({', '.join(f'{k} {v}' for k, v in first.versions.items())})")
+        return {m.strategy: (m.peak_bytes if m.ok else None) for m in group}, source
 
     from memprobe.compile import compile_jobs
     from memprobe.plan import make_plan
