@@ -23,9 +23,17 @@ use (``heap_top_bytes``) reaches exactly the allocation's size.
 
 The buffer assignment also gives the allocations that are not in the heap: other HBM
 allocations that are not arguments or outputs (constants: ``fixed_bytes``) and those of
-the device's on-chip memory spaces (VMEM, SMEM: ``onchip_bytes``; memory space 5, host
-memory, is left out). On TPU, ``memory_analysis().temp_size_in_bytes`` exceeds the sum of
-all of these: the render splits the peak accordingly (render/explain.py).
+the device's on-chip memory spaces (VMEM, SMEM: ``onchip_bytes``). On TPU,
+``memory_analysis().temp_size_in_bytes`` exceeds the sum of all of these: the render splits
+the peak accordingly (render/explain.py).
+
+Host memory (memory space 5, where offload puts bytes; the TPU dump's memory report calls
+it ``cmem``, but its allocations add up to ``host_temp_size_in_bytes`` to the byte, 153.75
+GiB for E4B ``offload-mlp``) is swept like HBM, apart from it:
+the most host bytes live at once, those live at the HBM peak, and the most HBM + host
+bytes live at one point. They size the host side of an offload strategy, and they show
+what XLA's own ``peak_memory_in_bytes`` is not under heavy offload (E4B ``offload-mlp``:
+neither the HBM live nor HBM + host).
 
 A buffer is named after the HLO instruction that defines it. Its shape comes from the
 optimized HLO; the JAX op name in the instruction's metadata says the rest: the model's
@@ -90,6 +98,12 @@ class Explanation:
     onchip_bytes: int  # allocations in the device's other memory spaces (VMEM, SMEM, ...)
     buffers: list[Buffer]  # live at the peak, largest first
     curve: list[tuple[int, int]]  # (program position, HBM bytes live), sampled
+    # Host memory (memory space 5, where offload puts bytes), read the same way as HBM.
+    # None in answers stored before memprobe read it (cache entries, saved JSON).
+    host_peak_live_bytes: int | None = None  # the most host bytes live at any point
+    host_peak_time: int | None = None  # the first point where that many are live
+    host_live_bytes: int | None = None  # host bytes live at the HBM peak (peak_time)
+    combined_peak_bytes: int | None = None  # the most HBM + host bytes live at one point
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -230,11 +244,13 @@ class Assignment:
     heap_bytes: int  # the HBM temp heap: memory space 0's preallocated-temp allocation(s)
     fixed_bytes: int  # other HBM allocations that are neither arguments nor outputs (constants, ...)
     onchip_bytes: int  # allocations in the other device memory spaces (VMEM, SMEM, ...)
+    host_slots: dict[str, Slot] = dataclasses.field(default_factory=dict)  # host memory value -> place
 
 
 def parse_assignment(text: str) -> Assignment:
     """What the buffer assignment places, and where. Values are kept for memory space 0 (HBM)
-    only: VMEM, SMEM and host memory are other spaces ("color N" in the allocation's line)."""
+    and, apart, for host memory (space 5); VMEM and SMEM are other spaces ("color N" in the
+    allocation's line), counted by allocation only."""
     out = Assignment({}, 0, 0, 0)
     index, color, in_heap = -1, 0, False
     for line in text.splitlines():
@@ -251,10 +267,11 @@ def parse_assignment(text: str) -> Assignment:
             elif color not in (0, HOST_SPACE) and not argument_or_output:
                 out.onchip_bytes += size
             continue
-        if color == 0:
+        if color in (0, HOST_SPACE):
             v = _PLACED.match(line)
             if v:
-                out.slots[v.group(1) + (v.group(2) or "{}")] = Slot(index, int(v.group(4)), int(v.group(3)), in_heap)
+                slots = out.slots if color == 0 else out.host_slots
+                slots[v.group(1) + (v.group(2) or "{}")] = Slot(index, int(v.group(4)), int(v.group(3)), in_heap)
     return out
 
 
@@ -377,12 +394,17 @@ def explain_dump(dump_dir: Path) -> Explanation:
     slots = placed.slots
     hlo = parse_hlo(one("after_optimizations.txt"))
     walk = sweep(ranges, slots, length)
+    host = sweep(ranges, placed.host_slots, length).live
     buffers = sorted((name_buffer(v, slots[v].size, hlo) for v in walk.peak_values), key=lambda b: -b.bytes)
+    host_peak = max(host, default=0)
     return Explanation(peak_time=walk.peak_time, program_length=length,
                        peak_live_bytes=sum(b.bytes for b in buffers), heap_bytes=placed.heap_bytes,
                        heap_live_bytes=sum(slots[v].size for v in walk.peak_values if slots[v].in_heap),
                        heap_top_bytes=walk.heap_top, fixed_bytes=placed.fixed_bytes,
-                       onchip_bytes=placed.onchip_bytes, buffers=buffers, curve=_sample(walk.live))
+                       onchip_bytes=placed.onchip_bytes, buffers=buffers, curve=_sample(walk.live),
+                       host_peak_live_bytes=host_peak, host_peak_time=host.index(host_peak) if host else 0,
+                       host_live_bytes=host[walk.peak_time] if host else 0,
+                       combined_peak_bytes=max(map(sum, zip(walk.live, host)), default=0))
 
 
 def diff(a: Explanation, b: Explanation) -> list[dict[str, Any]]:

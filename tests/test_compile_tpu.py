@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from memprobe.compile import compile_job
+from memprobe.compile import compile_job, explain_job
 from memprobe.flags import COLLAPSED, OFFLOAD_INERT, sanity_flags
 from conftest import jobs_for
 from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue
@@ -88,6 +88,18 @@ def test_offload_moves_bytes_to_host_on_tpu():
     r = tpu_results()
     assert r["offload"][0].host_temp_bytes > 0
     assert r["checkpoint"][0].host_temp_bytes == 0
+
+
+def test_explain_sizes_the_offloaded_bytes_in_host_memory():
+    # explain reads host memory (space 5) from the buffer assignment and live ranges on its
+    # own; its peak agrees with memory_analysis()'s host temp to the byte: every host byte
+    # is live at once, so the host side needs exactly that much.
+    job = jobs_for("tiny-e2b", resolve_target("v5p", 4), seq=1024, batch=2, strategies=("offload",))["offload"]
+    m, e = explain_job(job)
+    assert e["host_peak_live_bytes"] == m.host_temp_bytes > 0
+    assert e["host_live_bytes"] <= e["host_peak_live_bytes"]
+    assert max(e["peak_live_bytes"], e["host_peak_live_bytes"]) <= e["combined_peak_bytes"] \
+        <= e["peak_live_bytes"] + e["host_peak_live_bytes"]
 
 
 def test_offload_inside_a_kept_one_trip_loop_is_inert_and_collapses():

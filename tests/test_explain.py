@@ -8,8 +8,10 @@ import sys
 
 import pytest
 
-from memprobe.explain import (Buffer, Explanation, diff, name_buffer, parse_assignment, parse_hlo,
-                              parse_live_range, sweep)
+from memprobe.explain import (Buffer, Explanation, diff, explain_dump, name_buffer, parse_assignment,
+                              parse_hlo, parse_live_range, sweep)
+from memprobe.measure import Measurement
+from memprobe.render.explain import explain_notes
 from memprobe.model import PRESETS
 
 HLO = """ENTRY %main (param.1: f32[4,8]) -> f32[4,8] {
@@ -29,6 +31,7 @@ LIVE = """HloLiveRange (max 10):
     fusion.7{1}:3-8
     add.3{}:5-9
     vmem.9{}:4-4
+    host.8{}:2-6
   Live ranges at 4 (peak):
     fusion.7{0}: 256 bytes (cumulative: 256 bytes)
     vmem.9{}: 4096 bytes (cumulative: 4352 bytes)
@@ -57,7 +60,7 @@ def test_hlo_and_live_ranges_are_read_and_named():
     hlo = parse_hlo(HLO)
     assert hlo["fusion.7"][0].startswith("(bf16[2,4,16]")
     length, ranges = parse_live_range(LIVE)
-    assert length == 10 and ranges["fusion.7{1}"] == (3, 8) and len(ranges) == 5
+    assert length == 10 and ranges["fusion.7{1}"] == (3, 8) and len(ranges) == 6
     act = name_buffer("fusion.7{0}", 256, hlo)
     assert (act.shape, act.kind, act.layer, act.tensor) == ("bf16[2,4,16]", "forward", 3, "mlp_hidden")
     assert name_buffer("fusion.7{1}", 128, hlo).shape == "f32[4,8]"
@@ -90,6 +93,30 @@ def test_hbm_live_bytes_leave_out_other_memory_spaces_and_count_a_shared_address
     assert walk.live == [128, 128, 384, 512, 512, 512, 512, 512, 512, 384, 128]
     assert (walk.peak_time, sorted(walk.peak_values)) == (3, ["fusion.7{0}", "fusion.7{1}", "param.1{}"])
     assert walk.heap_top == 768  # the highest heap address in use: offset 512 + 256
+    # Host memory (offload) is read apart from HBM, the same way.
+    assert list(placed.host_slots) == ["host.8{}"]
+    assert sweep(ranges, placed.host_slots, length).live == [0, 0] + [2048] * 5 + [0] * 4
+
+
+def test_explain_dump_sizes_host_memory_beside_hbm(tmp_path):
+    for suffix, text in (("after_optimizations.txt", HLO), ("after_optimizations-live-range.txt", LIVE),
+                         ("after_optimizations-buffer-assignment.txt", ASSIGNMENT)):
+        (tmp_path / f"module_0000.jit_train_step.{suffix}").write_text(text)
+    e = explain_dump(tmp_path)
+    assert (e.peak_time, e.peak_live_bytes) == (3, 512)
+    # host.8 (2,048 bytes) is live over 2-6: its most, at 2; live at the HBM peak (3) too;
+    # HBM + host at most 512 + 2,048 at one point.
+    assert (e.host_peak_live_bytes, e.host_peak_time, e.host_live_bytes, e.combined_peak_bytes) == (2048, 2, 2048, 2560)
+    m = Measurement(model="tiny-e2b", strategy="offload", strategy_knobs={}, target="v5p", platform="tpu",
+                    num_devices=4, topology="v5p:2x2x1", seq_len=8, batch_per_device=1, loss_chunks=1,
+                    step="train", argument_bytes=128, output_bytes=128, alias_bytes=128, temp_bytes=1024, host_temp_bytes=2048)
+    [note] = [n for n in explain_notes(m, e) if n.startswith("Host memory")]
+    assert "at most 0.00 MiB (2,048 bytes) live (instruction 2)" in note
+    assert "together at most 0.00 MiB (2,560 bytes)" in note
+    # An answer stored before memprobe read host memory loads without it, and says nothing of it.
+    old = Explanation.from_dict({k: v for k, v in e.to_dict().items() if not k.startswith(("host", "combined"))})
+    assert old.host_peak_live_bytes is None
+    assert not [n for n in explain_notes(m, old) if n.startswith("Host memory")]
 
 
 def test_diff_groups_what_differs():

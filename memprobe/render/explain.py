@@ -77,6 +77,15 @@ def _xla_peak_note(m: Measurement, e: Explanation) -> list[str]:
             f"{_amount(m.xla_peak_bytes - e.peak_live_bytes, sign=True)} against the HBM live at the busiest point{host}."]
 
 
+def _host_note(e: Explanation) -> list[str]:
+    """Host memory (offload), where the answer has it and a byte is placed there."""
+    if not e.host_peak_live_bytes:
+        return []
+    return [f"Host memory (memory space 5, offload): at most {_amount(e.host_peak_live_bytes)} live "
+            f"(instruction {e.host_peak_time:,}), {_amount(e.host_live_bytes)} at the busiest point of HBM; "
+            f"HBM and host together at most {_amount(e.combined_peak_bytes)} live at one point."]
+
+
 def explain_notes(m: Measurement, e: Explanation, command: str | None = None) -> list[str]:
     parts = peak_parts(m, e)
     rest = "; ".join(f"{PART_NAMES[k]} {_amount(parts[k])}" for k in ("heap_gaps", "onchip", "unplaced_temp", "not_live"))
@@ -87,6 +96,7 @@ def explain_notes(m: Measurement, e: Explanation, command: str | None = None) ->
            "arguments, outputs and constants.",
            f"The rest of the peak is not a buffer live in HBM there: {rest}.",
            *_xla_peak_note(m, e),
+           *_host_note(e),
            "what: forward/backward work (from the JAX op name: jvp/transpose), the model tensor scope "
            "(mlp_hidden, query_proj, ...) and the operation; parameter/optimizer state rows name the "
            "argument. Buffers whose instruction has no op name take their source's."]
