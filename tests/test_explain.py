@@ -11,7 +11,7 @@ import pytest
 from memprobe.explain import (Buffer, Explanation, diff, explain_dump, name_buffer, parse_assignment,
                               parse_hlo, parse_live_range, sweep)
 from memprobe.measure import Measurement
-from memprobe.render.explain import explain_notes
+from memprobe.render.explain import diff_notes, explain_notes
 from memprobe.model import PRESETS
 
 HLO = """ENTRY %main (param.1: f32[4,8]) -> f32[4,8] {
@@ -113,6 +113,12 @@ def test_explain_dump_sizes_host_memory_beside_hbm(tmp_path):
     [note] = [n for n in explain_notes(m, e) if n.startswith("Host memory")]
     assert "at most 0.00 MiB (2,048 bytes) live (instruction 2)" in note
     assert "together at most 0.00 MiB (2,560 bytes)" in note
+    # A diff gives the host side apart from the HBM split.
+    none = dataclasses.replace(e, host_peak_live_bytes=0, host_live_bytes=0, combined_peak_bytes=512)
+    checkpoint = dataclasses.replace(m, strategy="checkpoint", host_temp_bytes=0)
+    assert "Host memory live at most (offload, not HBM): offload - checkpoint +0.00 MiB (+2,048 bytes)." \
+        in diff_notes((checkpoint, none), (m, e))
+    assert not [n for n in diff_notes((checkpoint, none), (checkpoint, none)) if n.startswith("Host")]
     # An answer stored before memprobe read host memory loads without it, and says nothing of it.
     old = Explanation.from_dict({k: v for k, v in e.to_dict().items() if not k.startswith(("host", "combined"))})
     assert old.host_peak_live_bytes is None

@@ -86,6 +86,16 @@ def _host_note(e: Explanation) -> list[str]:
             f"HBM and host together at most {_amount(e.combined_peak_bytes)} live at one point."]
 
 
+def _host_diff_note(a: tuple[Measurement, Explanation], b: tuple[Measurement, Explanation]) -> list[str]:
+    """The host-memory side of a diff, where both answers have it and either uses host memory."""
+    (ma, ea), (mb, eb) = a, b
+    if ea.host_peak_live_bytes is None or eb.host_peak_live_bytes is None \
+            or not (ea.host_peak_live_bytes or eb.host_peak_live_bytes):
+        return []
+    return [f"Host memory live at most (offload, not HBM): {mb.strategy} - {ma.strategy} "
+            f"{_amount(eb.host_peak_live_bytes - ea.host_peak_live_bytes, sign=True)}."]
+
+
 def explain_notes(m: Measurement, e: Explanation, command: str | None = None) -> list[str]:
     parts = peak_parts(m, e)
     rest = "; ".join(f"{PART_NAMES[k]} {_amount(parts[k])}" for k in ("heap_gaps", "onchip", "unplaced_temp", "not_live"))
@@ -130,6 +140,7 @@ def diff_notes(a: tuple[Measurement, Explanation], b: tuple[Measurement, Explana
     split = "; ".join(f"{PART_NAMES[k]} {_amount(pb[k] - pa[k], sign=True)}" for k in PART_NAMES)
     out = [f"Peak {mb.strategy} - {ma.strategy}: {_amount(gap, sign=True)}, compiler estimates per device.",
            f"Of the difference: {split}.",
+           *_host_diff_note(a, b),
            "Rows: buffers live at each strategy's busiest point, grouped by what they are and their shape, "
            "largest difference first.", versions_line(ma)]
     if command:
