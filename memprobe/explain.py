@@ -104,10 +104,12 @@ class Explanation:
     host_peak_time: int | None = None  # the first point where that many are live
     host_live_bytes: int | None = None  # host bytes live at the HBM peak (peak_time)
     combined_peak_bytes: int | None = None  # the most HBM + host bytes live at one point
+    host_curve: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (position, host bytes live), sampled; empty without host bytes
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["curve"] = [list(p) for p in self.curve]
+        d["host_curve"] = [list(p) for p in self.host_curve]
         return d
 
     @classmethod
@@ -116,7 +118,8 @@ class Explanation:
         # the same as fresh ones: an op name holds no backslash once unescaped, so unescaping
         # it again changes nothing.
         buffers = [Buffer(**{**b, "op_name": unescape(b["op_name"])}) for b in d["buffers"]]
-        return cls(**{**d, "buffers": buffers, "curve": [tuple(p) for p in d["curve"]]})
+        return cls(**{**d, "buffers": buffers, "curve": [tuple(p) for p in d["curve"]],
+                      "host_curve": [tuple(p) for p in d.get("host_curve", ())]})
 
 
 # --- the optimized HLO: instruction -> shape, op name, first operand --------------------
@@ -404,7 +407,8 @@ def explain_dump(dump_dir: Path) -> Explanation:
                        onchip_bytes=placed.onchip_bytes, buffers=buffers, curve=_sample(walk.live),
                        host_peak_live_bytes=host_peak, host_peak_time=host.index(host_peak) if host else 0,
                        host_live_bytes=host[walk.peak_time] if host else 0,
-                       combined_peak_bytes=max(map(sum, zip(walk.live, host)), default=0))
+                       combined_peak_bytes=max(map(sum, zip(walk.live, host)), default=0),
+                       host_curve=_sample(host) if host_peak else [])
 
 
 def diff(a: Explanation, b: Explanation) -> list[dict[str, Any]]:

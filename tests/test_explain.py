@@ -11,7 +11,7 @@ import pytest
 from memprobe.explain import (Buffer, Explanation, diff, explain_dump, name_buffer, parse_assignment,
                               parse_hlo, parse_live_range, sweep)
 from memprobe.measure import Measurement
-from memprobe.render.explain import diff_notes, explain_notes
+from memprobe.render.explain import curve_png, diff_notes, explain_notes
 from memprobe.model import PRESETS
 
 HLO = """ENTRY %main (param.1: f32[4,8]) -> f32[4,8] {
@@ -107,6 +107,7 @@ def test_explain_dump_sizes_host_memory_beside_hbm(tmp_path):
     # host.8 (2,048 bytes) is live over 2-6: its most, at 2; live at the HBM peak (3) too;
     # HBM + host at most 512 + 2,048 at one point.
     assert (e.host_peak_live_bytes, e.host_peak_time, e.host_live_bytes, e.combined_peak_bytes) == (2048, 2, 2048, 2560)
+    assert e.host_curve == [(t, 2048 if 2 <= t <= 6 else 0) for t in range(11)]  # short: every point kept
     m = Measurement(model="tiny-e2b", strategy="offload", strategy_knobs={}, target="v5p", platform="tpu",
                     num_devices=4, topology="v5p:2x2x1", seq_len=8, batch_per_device=1, loss_chunks=1,
                     step="train", argument_bytes=128, output_bytes=128, alias_bytes=128, temp_bytes=1024, host_temp_bytes=2048)
@@ -121,8 +122,11 @@ def test_explain_dump_sizes_host_memory_beside_hbm(tmp_path):
     assert not [n for n in diff_notes((checkpoint, none), (checkpoint, none)) if n.startswith("Host")]
     # An answer stored before memprobe read host memory loads without it, and says nothing of it.
     old = Explanation.from_dict({k: v for k, v in e.to_dict().items() if not k.startswith(("host", "combined"))})
-    assert old.host_peak_live_bytes is None
+    assert old.host_peak_live_bytes is None and old.host_curve == []
     assert not [n for n in explain_notes(m, old) if n.startswith("Host memory")]
+    # The chart draws the host curve where there is one, and only then.
+    with_host, without = curve_png([(m, e)]), curve_png([(m, old)])
+    assert with_host[:8] == without[:8] == b"\x89PNG\r\n\x1a\n" and with_host != without
 
 
 def test_diff_groups_what_differs():

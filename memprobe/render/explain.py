@@ -176,7 +176,8 @@ def heading(m: Measurement) -> str:
 def curve_png(series: list[tuple[Measurement, Explanation]]) -> bytes:
     """HBM bytes live over program order, one line per strategy, the busiest point marked; a
     dashed level at each strategy's peak (compiler estimate): the gap between the two is
-    memory reserved but not holding a live buffer."""
+    memory reserved but not holding a live buffer. Host memory (offload), where a strategy
+    uses it, is a dotted line of its own."""
     from memprobe.render.chart import plt  # matplotlib, set up for files only
 
     fig, ax = plt.subplots(figsize=(10, 4.8), dpi=110)
@@ -189,6 +190,11 @@ def curve_png(series: list[tuple[Measurement, Explanation]]) -> bytes:
         ax.axvline(px, color=line.get_color(), linestyle=":", linewidth=1)
         ax.annotate(f"busiest: {_size(e.peak_live_bytes)} live", (px, e.peak_live_bytes / GIB),
                     textcoords="offset points", xytext=(4, 4), fontsize=8, color=line.get_color())
+        if e.host_curve:  # offload: host memory beside HBM, dotted, never added to it
+            ax.plot([p[0] / max(1, e.program_length) for p in e.host_curve], [p[1] / GIB for p in e.host_curve],
+                    color=line.get_color(), linestyle=(0, (1, 1.5)), linewidth=1.2,
+                    label=f"{m.strategy}: host memory live (offload, not HBM; at most "
+                          f"{_size(e.host_peak_live_bytes)})")
     ax.set_xlabel("program order (fraction of the scheduled instruction sequence)")
     ax.set_ylabel("GiB per device (compiler's buffer assignment)")
     ax.set_ylim(bottom=0)
