@@ -116,3 +116,18 @@ def test_malformed_results_are_refused(text, message):
 
     with pytest.raises(BadInput, match=re.escape(message)):
         Result.from_json(json.loads(text))
+
+
+def test_host_column_is_explained_only_where_a_row_offloads():
+    from pathlib import Path
+
+    from memprobe.render.frame import footnotes
+
+    # The committed full-size E2B H100 comparison (real compiles, see the README) offloads
+    # 0.05 GiB with `offload`; the tiny CPU comparison offloads nothing.
+    [h100] = Result.load(Path(__file__).parent.parent / "reports" / "gemma4-e2b-seq8192-b1-h100-8.json").comparisons
+    assert any(m.host_bytes for m in h100)
+    [note] = [n for n in footnotes(h100) if n.startswith("host GiB")]
+    assert "per device" in note and "not checked against the host's RAM" in note
+    [cpu] = Result.from_json(json.loads(result_json())).comparisons
+    assert not [n for n in footnotes(cpu) if n.startswith("host GiB")]

@@ -52,6 +52,10 @@ def footnotes(group: list[Measurement], command: str | None = None) -> list[str]
     elif m0.capacity_bytes:
         out.append(f"HBM per device: {m0.capacity_bytes / GIB:.2f} GiB ({m0.capacity_bytes:,} bytes), "
                    "as the compiler enforces it.")
+    if any(m.ok and m.host_bytes for m in group):
+        out.append("host GiB: per device, what the compiler puts in host memory (offload: memory_analysis()'s "
+                   "host figures); not part of the peak, and not checked against the host's RAM, which serves "
+                   "every device on that host.")
     if not m0.stands_for_accelerator:
         out.append("CPU backend figures: they do not stand for any accelerator.")
     out.append(versions_line(m0))
