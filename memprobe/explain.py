@@ -397,17 +397,17 @@ def explain_dump(dump_dir: Path) -> Explanation:
     slots = placed.slots
     hlo = parse_hlo(one("after_optimizations.txt"))
     walk = sweep(ranges, slots, length)
-    host = sweep(ranges, placed.host_slots, length).live
+    host = sweep(ranges, placed.host_slots, length).live  # one entry per position, as walk.live
     buffers = sorted((name_buffer(v, slots[v].size, hlo) for v in walk.peak_values), key=lambda b: -b.bytes)
-    host_peak = max(host, default=0)
+    host_peak = max(host)
     return Explanation(peak_time=walk.peak_time, program_length=length,
                        peak_live_bytes=sum(b.bytes for b in buffers), heap_bytes=placed.heap_bytes,
                        heap_live_bytes=sum(slots[v].size for v in walk.peak_values if slots[v].in_heap),
                        heap_top_bytes=walk.heap_top, fixed_bytes=placed.fixed_bytes,
                        onchip_bytes=placed.onchip_bytes, buffers=buffers, curve=_sample(walk.live),
-                       host_peak_live_bytes=host_peak, host_peak_time=host.index(host_peak) if host else 0,
-                       host_live_bytes=host[walk.peak_time] if host else 0,
-                       combined_peak_bytes=max(map(sum, zip(walk.live, host)), default=0),
+                       host_peak_live_bytes=host_peak, host_peak_time=host.index(host_peak),
+                       host_live_bytes=host[walk.peak_time],
+                       combined_peak_bytes=max(map(sum, zip(walk.live, host, strict=True))),
                        host_curve=_sample(host) if host_peak else [])
 
 
