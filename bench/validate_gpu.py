@@ -143,17 +143,17 @@ def deviceless_estimates(args) -> tuple[dict[str, int | None], str]:
             sys.exit(f"validate_gpu: {args.estimates} is for another configuration: {wrong}")
         source = (f"memprobe's {first.target} compile, from {Path(args.estimates).name} "
                   f"({', '.join(f'{k} {v}' for k, v in first.versions.items())})")
-        return {m.strategy: (m.peak_bytes if m.ok else None) for m in group}, source
+    else:
+        from memprobe.compile import compile_jobs
+        from memprobe.plan import make_plan
+        from memprobe.strategy import load_catalogue, select
+        from memprobe.targets import resolve_target
 
-    from memprobe.compile import compile_jobs
-    from memprobe.plan import make_plan
-    from memprobe.strategy import load_catalogue, select
-    from memprobe.targets import resolve_target
-
-    plan = make_plan(model=args.model, strategies=select(load_catalogue(), args.strategies),
-                     target=resolve_target(args.target, 1), seq_len=args.seq, batch_per_device=args.batch)
-    ms = compile_jobs(plan.jobs(), parallel=args.jobs)
-    return {m.strategy: (m.peak_bytes if m.ok else None) for m in ms}, f"memprobe's {args.target} compile, run here"
+        plan = make_plan(model=args.model, strategies=select(load_catalogue(), args.strategies),
+                         target=resolve_target(args.target, 1), seq_len=args.seq, batch_per_device=args.batch)
+        group = compile_jobs(plan.jobs(), parallel=args.jobs)
+        source = f"memprobe's {args.target} compile, run here"
+    return {m.strategy: (m.peak_bytes if m.ok else None) for m in group}, source
 
 
 def _child(mode: str, strategy: str, args, env: dict[str, str], timeout: float) -> dict:
