@@ -141,6 +141,26 @@ def resolve_target(name: str, devices: int | None = None, topology: str | None =
                   chip_config=kind.chip_config, hbm_bytes=kind.hbm_bytes)
 
 
+GPUS_PER_HOST = 8  # an HGX/DGX node
+
+
+def devices_per_host(platform: str, name: str, num_devices: int, topology: str | None) -> int | None:
+    """How many of a slice's devices share one host (and so its RAM), by default: for TPU, as
+    libtpu's compile-only topologies lay hosts out (2x2 chips, fewer along a shorter side;
+    real single-host slices such as an 8-chip v5e or v6e VM have more); for GPU, an 8-GPU node;
+    None for the CPU backend, which has no host memory space of its own."""
+    if platform == "tpu":
+        kind = TPU_KINDS.get(name)
+        dims = re.search(r"(\d+(?:x\d+)+)$", topology or "")
+        if kind is None or dims is None:
+            return None
+        a, b = (int(d) for d in dims.group(1).split("x")[:2])
+        return min(a, 2) * min(b, 2) * kind.devices_per_chip
+    if platform == "cuda":
+        return min(num_devices, GPUS_PER_HOST)
+    return None
+
+
 def require_backend(target: Target) -> None:
     """Refuses a target whose compiler is not installed here, before anything compiles."""
     if target.platform == "cuda":

@@ -9,7 +9,8 @@ from rich.table import Table
 
 from memprobe.render import terminal_width
 from memprobe.errors import BadInput
-from memprobe.targets import DEFAULT_TARGET, GPU_DEFAULT_DEVICES, GPU_EXTRA, GPU_KINDS, TPU_KINDS, resolve_target
+from memprobe.targets import (DEFAULT_TARGET, GPU_DEFAULT_DEVICES, GPU_EXTRA, GPU_KINDS, GPUS_PER_HOST, TPU_KINDS,
+                              devices_per_host, resolve_target)
 
 
 def list_targets() -> int:
@@ -18,13 +19,14 @@ def list_targets() -> int:
     t = Table(title="memprobe targets", caption="HBM: per device (GiB = 2^30 bytes); TPU: as the TPU "
               "compiler enforces it; GPU: device_memory_size of the target config the installed CUDA "
               "plugin ships (the GPU compiler does not enforce it). CPU figures do not stand for any "
-              "accelerator.", caption_justify="left")
-    for col in ("target", "default topology", "devices", "devices/chip", "HBM GiB/device", "note"):
+              "accelerator. devices/host: how many devices share one host's RAM by default, for --host-ram (TPU: as libtpu lays hosts out).", caption_justify="left")
+    for col in ("target", "default topology", "devices", "devices/chip", "devices/host", "HBM GiB/device", "note"):
         t.add_column(col)
     for kind in TPU_KINDS.values():
         tgt = resolve_target(kind.name)
         note = ", ".join(x for x in (kind.note, "default" if kind.name == DEFAULT_TARGET else "") if x)
-        t.add_row(kind.name, tgt.topology, str(tgt.num_devices), str(kind.devices_per_chip),
+        per_host = devices_per_host(tgt.platform, tgt.name, tgt.num_devices, tgt.topology)
+        t.add_row(kind.name, tgt.topology, str(tgt.num_devices), str(kind.devices_per_chip), str(per_host),
                   f"{kind.hbm_gib:.2f}", note)
     for name, description in GPU_KINDS.items():
         try:
@@ -32,7 +34,7 @@ def list_targets() -> int:
             hbm, note = f"{tgt.hbm_bytes / 2**30:.2f}", f"{description} ({tgt.hbm_bytes:,} bytes)"
         except BadInput:
             hbm, note = "-", f"{description}; needs the gpu extra: {GPU_EXTRA}"
-        t.add_row(name, "-", f"{GPU_DEFAULT_DEVICES} (--devices N)", "1", hbm, note)
-    t.add_row("cpu", "-", "1 (--devices N)", "-", "-", "XLA CPU backend, local")
+        t.add_row(name, "-", f"{GPU_DEFAULT_DEVICES} (--devices N)", "1", str(GPUS_PER_HOST), hbm, note)
+    t.add_row("cpu", "-", "1 (--devices N)", "-", "-", "-", "XLA CPU backend, local")
     Console(width=terminal_width(sys.stdout)).print(t)
     return 0
