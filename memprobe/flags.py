@@ -5,6 +5,8 @@
   policy that saved nothing new).
 - ``offload inert``: a strategy asks for offloading but no byte reached host memory.
 - ``over capacity``: the per-device peak exceeds the target's HBM.
+- ``over host RAM``: the host bytes of all the devices that share one host exceed the RAM
+  given with ``--host-ram`` (only then is it checked).
 - ``xla peak above``: XLA's own ``peak_memory_in_bytes`` is above the peak memprobe ranks
   by (argument + output - alias + temp), which it normally stays below. Measured on full-size
   E4B ``offload-mlp`` (164.26 GiB against 132.13 GiB, with 153.75 GiB bound for host
@@ -25,6 +27,8 @@ from memprobe.measure import GIB, Measurement
 COLLAPSED = "collapsed"
 OFFLOAD_INERT = "offload inert"
 OVER_CAPACITY = "over capacity"
+OVER_HOST_RAM = "over host RAM"
+VERDICT_FLAGS = (OVER_CAPACITY, OVER_HOST_RAM)  # shown as the verdict, not among the other flags
 XLA_PEAK_ABOVE = "xla peak above"
 
 
@@ -61,6 +65,11 @@ def sanity_flags(measurements: list[Measurement]) -> dict[str, list[Flag]]:
             flags[m.strategy].append(Flag(
                 m.strategy, OVER_CAPACITY,
                 f"peak {m.peak_bytes / GIB:.2f} GiB > HBM {m.capacity_bytes / GIB:.2f} GiB"))
+        if m.fits_host is False:
+            flags[m.strategy].append(Flag(
+                m.strategy, OVER_HOST_RAM,
+                f"host {m.host_bytes / GIB:.2f} GiB x {m.devices_per_host} devices per host = "
+                f"{m.host_bytes * m.devices_per_host / GIB:.2f} GiB > host RAM {m.host_ram_bytes / GIB:.2f} GiB"))
         if m.xla_peak_bytes is not None and m.xla_peak_bytes > m.peak_bytes:
             why = f"XLA's peak {m.xla_peak_bytes / GIB:.2f} GiB > peak {m.peak_bytes / GIB:.2f} GiB"
             if m.host_bytes:

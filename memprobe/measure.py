@@ -49,6 +49,10 @@ class Measurement:
     host_generated_code_bytes: int = 0
     xla_peak_bytes: int | None = None
     capacity_bytes: int | None = None
+    # Set at report time from --host-ram, never by a compile: the RAM of one host, and how
+    # many of the slice's devices share it. Both None when no host RAM was given.
+    host_ram_bytes: int | None = None
+    devices_per_host: int | None = None
     flops: float | None = None  # XLA's cost_analysis(): every while-loop body counted once
     matmul_flops: int | None = None  # of the traced step, loops and recompute counted (flops.py)
     lower_seconds: float | None = None  # tracing and lowering to HLO
@@ -82,6 +86,14 @@ class Measurement:
         return self.peak_bytes <= self.capacity_bytes
 
     @property
+    def fits_host(self) -> bool | None:
+        """Whether the host bytes of every device on one host fit in its RAM; None when no
+        host RAM was given (or the row failed)."""
+        if not self.ok or self.host_ram_bytes is None or self.devices_per_host is None:
+            return None
+        return self.host_bytes * self.devices_per_host <= self.host_ram_bytes
+
+    @property
     def stands_for_accelerator(self) -> bool:
         return self.platform != "cpu"
 
@@ -90,12 +102,44 @@ class Measurement:
         d["peak_bytes"] = self.peak_bytes if self.ok else None
         d["host_bytes"] = self.host_bytes if self.ok else None
         d["fits"] = self.fits
+        d["fits_host"] = self.fits_host
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Measurement":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def host_sharing(platform: str, target: str, num_devices: int, topology: str | None,
+                 devices_per_host: int | None = None) -> int | None:
+    """How many devices of this slice share one host's RAM: ``devices_per_host`` when given
+    (checked against the slice), else the target's default (``targets.devices_per_host``);
+    None for a target without host memory (CPU)."""
+    from memprobe.targets import devices_per_host as default_per_host
+
+    per_host = default_per_host(platform, target, num_devices, topology)
+    if per_host is None or devices_per_host is None:
+        return per_host
+    if devices_per_host > num_devices:
+        raise BadInput(f"--devices-per-host {devices_per_host} is more than the {num_devices} "
+                       f"devices of {topology or target}")
+    return devices_per_host
+
+
+def with_host_ram(measurements: list[Measurement], host_ram_bytes: int,
+                  devices_per_host: int | None = None) -> list[Measurement]:
+    """The measurements judged against one host's RAM, ``host_ram_bytes``, shared by
+    ``devices_per_host`` devices (see ``host_sharing``). Rows on a target without host
+    memory (CPU) are left as they are; if every row is, that is an error."""
+    out = []
+    for m in measurements:
+        per_host = host_sharing(m.platform, m.target, m.num_devices, m.topology, devices_per_host)
+        out.append(m if per_host is None else
+                   dataclasses.replace(m, host_ram_bytes=host_ram_bytes, devices_per_host=per_host))
+    if all(m.devices_per_host is None for m in out):
+        raise BadInput("--host-ram: no row is for a target with host memory (the cpu backend has none)")
+    return out
 
 
 def flops_ratio(m: Measurement, base: Measurement | None) -> float | None:

@@ -1,18 +1,23 @@
 """The command line end to end, as a user runs it: real compiles in isolated processes."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 NOISE = ("TPU_ACCELERATOR_TYPE", "InitGoogle", "E0000", "Traceback", "WARNING")
 
 
-def memprobe(*args, timeout=900, env=None):
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def memprobe(*args, timeout=900, env=None, cwd=None):
     return subprocess.run([sys.executable, "-m", "memprobe", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
 
 
 def test_compare_on_cpu_prints_ranked_table():
@@ -64,6 +69,17 @@ COMPARE_BAD = [
     (["--devices", "0"], "--devices must be a positive integer, got 0"),
     (["--seq", "1024", "--loss-chunks", "0"], "--loss-chunks must be a positive integer, got 0"),
     (["--target", "v5p", "--devices", "6"], "no standard v5p topology has 6 devices"),
+    (["--target", "cpu", "--host-ram", "1TiB"], "--host-ram: target cpu has no host memory space to check"),
+    (["--host-ram", "1TiB", "--devices-per-host", "16"], "--devices-per-host 16 is more than the 8 devices of tpu7x:2x2x1"),
+]
+E4B = "reports/gemma4-e4b-seq24576-b8-tpu7x-8.json"
+REPORT_BAD = [
+    ([E4B, "--host-ram", "lots"], "--host-ram: 'lots' is not a size like 90GiB"),
+    ([E4B, "--host-ram", "-1TiB"], "--host-ram: '-1TiB' is not a size like 90GiB"),
+    ([E4B, "--host-ram", "0GiB"], "--host-ram must be a positive size, got '0GiB'"),
+    ([E4B, "--devices-per-host", "4"], "--devices-per-host only applies with --host-ram"),
+    ([E4B, "--host-ram", "1TiB", "--devices-per-host", "0"], "--devices-per-host must be a positive integer, got 0"),
+    (["/nonexistent.json"], "/nonexistent.json: file not found"),
 ]
 EXPLAIN_BAD = [
     ([], "give exactly one of --strategy NAME or --diff A B"),
@@ -76,9 +92,10 @@ EXPLAIN_BAD = [
 
 
 @pytest.mark.parametrize("command,args,message", [("compare", *case) for case in COMPARE_BAD]
-                         + [("explain", *case) for case in EXPLAIN_BAD])
+                         + [("explain", *case) for case in EXPLAIN_BAD]
+                         + [("report", *case) for case in REPORT_BAD])
 def test_bad_input_is_one_line_and_exit_2(command, args, message):
-    r = memprobe(command, *args)
+    r = memprobe(command, *args, cwd=ROOT)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [l for l in r.stderr.splitlines() if l.startswith("memprobe: error:")]
     assert len(lines) == 1 and message in lines[0], r.stderr
@@ -128,3 +145,19 @@ def test_user_strategy_file_runs_end_to_end(tmp_path):
     # Keeping the MLP hidden recomputes less than saving nothing: fewer FLOPs, more bytes.
     assert "save-mlp" in rows and "checkpoint" in rows
     assert "--strategies-dir " + str(tmp_path) in r.stdout
+
+
+def test_report_judges_a_saved_result_against_a_hosts_ram():
+    # The committed full-size E4B result, re-judged without compiling: offload-mlp's
+    # 153.75 GiB per device, times the 8 devices of a tpu7x host, is over 1 TiB.
+    r = memprobe("report", E4B, "--host-ram", "1TiB", "--format", "json", cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    [comparison] = json.loads(r.stdout)["comparisons"]
+    rows = {row["strategy"]: row for row in comparison["rows"]}
+    assert rows["offload-mlp"]["fits_host"] is False and rows["offload"]["fits_host"] is True
+    assert {row["host_ram_bytes"] for row in rows.values()} == {1024**4}
+    assert {row["devices_per_host"] for row in rows.values()} == {8}
+    assert [f["kind"] for f in rows["offload-mlp"]["flags"]].count("over host RAM") == 1
+    md = memprobe("report", E4B, "--host-ram", "1TiB", "--devices-per-host", "4", cwd=ROOT)
+    assert md.returncode == 0, md.stderr
+    assert "**over host RAM**" not in md.stdout and "shared by 4 devices" in md.stdout

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from memprobe.errors import BadInput
+from memprobe.measure import parse_size
 from memprobe.plan import Step
 from memprobe.render import Format
 
@@ -52,3 +54,24 @@ Chart = Annotated[Path | None, typer.Option("--chart", help="Also save a PNG cha
 MaxHostMemory = Annotated[str | None, typer.Option(
     "--max-host-memory", help="Host memory one compile process may use before it is stopped and "
     "its row marked failed, e.g. 12GiB (default: 90% of this machine's memory).")]
+HostRam = Annotated[str | None, typer.Option(
+    "--host-ram", help="RAM of one accelerator host, e.g. 1TiB: a row whose host GiB (offload), times "
+    "the devices that share the host, exceeds it is judged 'over host RAM'. Not checked without it.")]
+DevicesPerHost = Annotated[int | None, typer.Option(
+    "--devices-per-host", help="Devices that share one host's RAM, for --host-ram (default: TPU as "
+    "libtpu lays hosts out, 2x2 chips; GPU the devices up to 8; an 8-chip single-host v5e/v6e VM needs 8).")]
+
+
+def host_ram_option(host_ram: str | None, devices_per_host: int | None) -> int | None:
+    """--host-ram in bytes (None when not given), with --devices-per-host checked beside it."""
+    if devices_per_host is not None:
+        if host_ram is None:
+            raise BadInput("--devices-per-host only applies with --host-ram")
+        if devices_per_host < 1:
+            raise BadInput(f"--devices-per-host must be a positive integer, got {devices_per_host}")
+    if host_ram is None:
+        return None
+    ram = parse_size(host_ram, "--host-ram")
+    if ram <= 0:
+        raise BadInput(f"--host-ram must be a positive size, got {host_ram!r}")
+    return ram

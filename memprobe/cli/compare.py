@@ -14,7 +14,7 @@ from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, write_result
 from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_host_cap, default_parallel
 from memprobe.errors import BadInput
-from memprobe.measure import Measurement, parse_size
+from memprobe.measure import Measurement, host_sharing, parse_size, with_host_ram
 from memprobe.plan import DEFAULT_MODEL, Plan, Step, make_plan
 from memprobe.render import Format
 from memprobe.result import Result
@@ -38,6 +38,8 @@ def compare(
     jobs: o.Jobs = None,
     no_cache: o.NoCache = False,
     max_host_memory: o.MaxHostMemory = None,
+    host_ram: o.HostRam = None,
+    devices_per_host: o.DevicesPerHost = None,
     format: o.FormatOpt = Format.TABLE,
     output: o.Output = None,
     chart: o.Chart = None,
@@ -50,9 +52,16 @@ def compare(
     plan = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
                              strategies_dir, loss_chunks, step)
     cap = check_run_options(timeout, jobs, max_host_memory)
+    ram = o.host_ram_option(host_ram, devices_per_host)
+    if ram is not None:  # refused now, not after the compiles
+        t = plan.target
+        if host_sharing(t.platform, t.name, t.num_devices, t.topology, devices_per_host) is None:
+            raise BadInput(f"--host-ram: target {t.name} has no host memory space to check")
     check_writable(output)
     check_writable(chart, "--chart")
     measurements = run_plan(plan, timeout, jobs, no_cache, cap)
+    if ram is not None:
+        measurements = with_host_ram(measurements, ram, devices_per_host)
     write_result(Result(measurements, command=command_line()), format, output, chart)
     return 0 if all(m.ok for m in measurements) else 1
 

@@ -10,12 +10,12 @@ import math
 
 import pandas as pd
 
-from memprobe.flags import OVER_CAPACITY, sanity_flags
+from memprobe.flags import VERDICT_FLAGS, sanity_flags
 from memprobe.measure import GIB, Measurement, flops_ratio
 
 COLUMNS = [
     "rank", "strategy", "peak_gib", "pct_of_hbm", "delta_gib", "temp_gib", "argument_gib",
-    "output_gib", "alias_gib", "host_gib", "xla_peak_gib", "fits", "flops", "flops_ratio", "flags",
+    "output_gib", "alias_gib", "host_gib", "xla_peak_gib", "fits", "verdict", "flops", "flops_ratio", "flags",
     "other_flags", "flag_reasons", "compile_s", "cached", "error",
 ]
 
@@ -52,16 +52,35 @@ def footnotes(group: list[Measurement], command: str | None = None) -> list[str]
     elif m0.capacity_bytes:
         out.append(f"HBM per device: {m0.capacity_bytes / GIB:.2f} GiB ({m0.capacity_bytes:,} bytes), "
                    "as the compiler enforces it.")
-    if any(m.ok and m.host_bytes for m in group):
-        out.append("host GiB: per device, what the compiler puts in host memory (offload: memory_analysis()'s "
-                   "host figures); not part of the peak, and not checked against the host's RAM, which serves "
-                   "every device on that host.")
+    if any(m.ok and m.host_bytes for m in group) or m0.host_ram_bytes is not None:
+        out.append(host_note(m0))
     if not m0.stands_for_accelerator:
         out.append("CPU backend figures: they do not stand for any accelerator.")
     out.append(versions_line(m0))
     if command:
         out.append(f"Command: `{command}`")
     return out
+
+
+def host_note(m: Measurement) -> str:
+    """What the host column is, and whether it was checked against a host's RAM."""
+    what = ("host GiB: per device, what the compiler puts in host memory (offload: memory_analysis()'s "
+            "host figures); not part of the peak")
+    if m.host_ram_bytes is None or m.devices_per_host is None:
+        return (what + ", and not checked against the host's RAM, which serves every device on that "
+                "host (--host-ram checks it).")
+    return (what + f". Checked against a host's RAM of {m.host_ram_bytes / GIB:.2f} GiB "
+            f"({m.host_ram_bytes:,} bytes, --host-ram) shared by {m.devices_per_host} devices: "
+            f"a row fits when host GiB x {m.devices_per_host} is at most that.")
+
+
+def verdict(m: Measurement) -> str | None:
+    """"fits", or what it is over ("over capacity", "over host RAM", or both); None where
+    nothing is known to judge by (no HBM capacity, or the row failed)."""
+    if m.fits is None:
+        return None
+    over = [what for what, fits in (("over capacity", m.fits), ("over host RAM", m.fits_host)) if fits is False]
+    return ", ".join(over) or "fits"
 
 
 def versions_line(m: Measurement) -> str:
@@ -77,15 +96,14 @@ def comparison_frame(measurements: list[Measurement]) -> pd.DataFrame:
     """Ranked by peak (lowest first); failed rows last. Deltas and the FLOPs ratio (the
     recompute cost) are against the first measurement given, the baseline strategy, when
     it compiled. ``flags`` names the row's sanity flags ("" when none), ``flag_reasons``
-    gives each with its reason, ``other_flags`` all but "over capacity"."""
+    gives each with its reason, ``other_flags`` all but those the ``verdict`` already says."""
     base = measurements[0] if measurements and measurements[0].ok else None
     flags = sanity_flags(measurements)
     rows = []
     for m in measurements:
         row = {"strategy": m.strategy, "error": m.error,
                "flags": ", ".join(f.kind for f in flags[m.strategy]),
-               # the verdict column already says "over capacity"
-               "other_flags": ", ".join(f.kind for f in flags[m.strategy] if f.kind != OVER_CAPACITY),
+               "other_flags": ", ".join(f.kind for f in flags[m.strategy] if f.kind not in VERDICT_FLAGS),
                "flag_reasons": "; ".join(f"{f.kind}: {f.reason}" for f in flags[m.strategy]), "cached": m.cached}
         if m.ok:
             row.update(
@@ -99,6 +117,7 @@ def comparison_frame(measurements: list[Measurement]) -> pd.DataFrame:
                 host_gib=m.host_bytes / GIB,
                 xla_peak_gib=(m.xla_peak_bytes / GIB) if m.xla_peak_bytes is not None else None,
                 fits=m.fits,
+                verdict=verdict(m),
                 flops=m.matmul_flops,
                 flops_ratio=flops_ratio(m, base),
                 compile_s=(m.compile_seconds or 0.0) + (m.lower_seconds or 0.0),

@@ -9,7 +9,7 @@ import pandas as pd
 
 from memprobe.flags import sanity_flags
 from memprobe.measure import GIB, Measurement
-from memprobe.render.frame import comparison_frame, fmt, footnotes, title
+from memprobe.render.frame import comparison_frame, fmt, footnotes, title, verdict
 from memprobe.result import Result
 
 
@@ -29,19 +29,19 @@ def markdown_frame(measurements: list[Measurement]) -> pd.DataFrame:
         "host GiB": [fmt(v) for v in df["host_gib"]],
         "XLA peak GiB": [fmt(v) for v in df["xla_peak_gib"]],
         f"FLOPs vs {base}": [fmt(v, ".2f", "x") for v in df["flops_ratio"]],
-        "verdict": [_verdict(f, e) for f, e in zip(df["fits"], df["error"])],
+        "verdict": [_verdict(v, e) for v, e in zip(df["verdict"], df["error"])],
         "flags": df["other_flags"],
         "compile s": [fmt(v, ".0f") for v in df["compile_s"]],
     })
     return out
 
 
-def _verdict(fits, error) -> str:
+def _verdict(value, error) -> str:
     if isinstance(error, str):
         return f"failed: {error}"
-    if fits is None or pd.isna(fits):
+    if not isinstance(value, str):
         return "-"
-    return "fits" if fits else "**over capacity**"
+    return "fits" if value == "fits" else f"**{value}**"
 
 
 def best(group: list[Measurement]) -> Measurement | None:
@@ -58,9 +58,8 @@ def render(result: Result, file: IO[str]) -> None:
         file.write("\n\n")
         b = best(group)
         if b is not None:
-            verdict = {True: "fits", False: "over capacity", None: "no capacity known"}[b.fits]
             file.write(f"**Lowest peak: `{b.strategy}`**, {b.peak_bytes / GIB:.2f} GiB "
-                       f"({b.peak_bytes:,} bytes) per device; {verdict}.\n\n")
+                       f"({b.peak_bytes:,} bytes) per device; {verdict(b) or 'no capacity known'}.\n\n")
         flags = [f for fl in sanity_flags(group).values() for f in fl]
         if flags:
             file.write("Flags:\n\n" + "".join(f"- `{f.strategy}`: **{f.kind}**: {f.reason}\n" for f in flags)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import IO
 
 from rich.console import Console
@@ -15,10 +14,10 @@ from memprobe.render import terminal_width
 from memprobe.render.frame import comparison_frame, fmt, footnotes, title
 
 
-def _fits(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+def _verdict(value) -> str:
+    if not isinstance(value, str):
         return "-"
-    return "[green]fits[/]" if value else "[bold red]over capacity[/]"
+    return "[green]fits[/]" if value == "fits" else f"[bold red]{value}[/]"
 
 
 def caption(measurements: list[Measurement]) -> str:
@@ -43,7 +42,7 @@ def build_table(measurements: list[Measurement]) -> Table:
     t.add_column(f"FLOPs vs {base}", justify="right")
     t.add_column("verdict")
     t.add_column("compile s", justify="right")
-    t.add_column("flags", style="yellow")  # over capacity is the verdict column's
+    t.add_column("flags", style="yellow")  # over capacity or host RAM: the verdict column's
     for row in df.itertuples(index=False):
         if isinstance(row.error, str):
             t.add_row("-", row.strategy, "-", "-", "-", "-", "-", "-", "-", "-",
@@ -52,7 +51,7 @@ def build_table(measurements: list[Measurement]) -> Table:
         t.add_row(
             str(row.rank), row.strategy, fmt(row.peak_gib), fmt(row.pct_of_hbm, ".0f", "%"),
             fmt(row.delta_gib, "+.2f"), fmt(row.temp_gib), fmt(row.argument_gib),
-            fmt(row.host_gib), fmt(row.xla_peak_gib), fmt(row.flops_ratio, ".2f", "x"), _fits(row.fits),
+            fmt(row.host_gib), fmt(row.xla_peak_gib), fmt(row.flops_ratio, ".2f", "x"), _verdict(row.verdict),
             "cached" if row.cached else fmt(row.compile_s, ".0f"), escape(row.other_flags),
         )
     return t
