@@ -91,3 +91,32 @@ def test_missing_baseline_and_bad_tolerance(tmp_path):
     assert r.returncode == 2 and "none.json: file not found" in r.stderr
     r = memprobe("check", "--baseline", str(tmp_path / "none.json"), "--tolerance", "lots")
     assert r.returncode == 2 and "--tolerance: 'lots' is not a size" in r.stderr
+
+
+def test_host_bytes_that_grew_fail_the_gate_though_the_peak_held(tmp_path):
+    # Offload trades HBM for host memory, so a gate on the peak alone would pass a change that
+    # doubles what a strategy puts in host RAM. Tiny E2B on a deviceless v5p: offload puts its
+    # layer inputs in host memory; the check answers from the cache the baseline filled.
+    path = tmp_path / "offload.json"
+    config = ["--model", "tiny-e2b", "--target", "v5p", "--devices", "4", "--seq", "1024", "--batch", "2",
+              "--strategies", "checkpoint,offload"]
+    r = memprobe("baseline", *config, "--output", str(path))
+    assert r.returncode == 0, r.stderr
+    rows = {row["strategy"]: row for row in json.loads(path.read_text())["comparisons"][0]["rows"]}
+    assert rows["offload"]["host_temp_bytes"] > 0 and rows["checkpoint"]["host_bytes"] == 0
+
+    same = memprobe("check", "--baseline", str(path))
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "host now bytes" in same.stdout and "2 of 2 within tolerance 2%" in same.stdout
+
+    def less_host(data):
+        row = next(r for r in data["comparisons"][0]["rows"] if r["strategy"] == "offload")
+        row["host_temp_bytes"] -= row["host_temp_bytes"] // 10  # now about 11% above it
+
+    r = memprobe("check", "--baseline", str(_edited(path, tmp_path, less_host)))
+    assert r.returncode == 1, r.stdout
+    assert "failing: offload (host regressed)" in r.stdout and "checkpoint (" not in r.stdout
+    # An absolute tolerance above the difference lets it pass.
+    diff = rows["offload"]["host_temp_bytes"] // 10
+    loose = memprobe("check", "--baseline", str(_edited(path, tmp_path, less_host)), "--tolerance", f"{diff + 1}")
+    assert loose.returncode == 0, loose.stdout

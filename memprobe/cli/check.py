@@ -1,7 +1,8 @@
 """`memprobe check`: the CI regression gate.
 
-Recompiles every configuration in a baseline result and compares each strategy's peak:
-exit 0 when every peak is within tolerance of the baseline and under the budget, 1 when
+Recompiles every configuration in a baseline result and compares each strategy's peak,
+and its host bytes (offload), with the baseline's: exit 0 when every peak and every host
+figure is within tolerance of the baseline and the peaks are under the budget, 1 when
 any regresses, exceeds the budget or fails to compile, 2 for bad input (a missing or
 malformed baseline, compiler versions that differ from the baseline's).
 """
@@ -70,7 +71,7 @@ class Tolerance:
 class Verdict:
     base: Measurement
     now: Measurement
-    status: str  # "ok", "improved", "regressed", "over budget", "failed"
+    status: str  # "ok", "improved", "regressed", "over budget", "host regressed", "failed"
 
     @property
     def passed(self) -> bool:
@@ -85,6 +86,10 @@ def judge(base: Measurement, now: Measurement, tolerance: Tolerance, max_peak: i
         return Verdict(base, now, "regressed")
     if max_peak is not None and now.peak_bytes > max_peak:
         return Verdict(base, now, "over budget")
+    # Offload can trade HBM for host memory: a peak that held or fell must not hide host
+    # bytes that grew (from none, any growth is beyond a relative tolerance).
+    if now.host_bytes > base.host_bytes + tolerance.allowed(base.host_bytes):
+        return Verdict(base, now, "host regressed")
     if now.peak_bytes < base.peak_bytes - allowed:
         return Verdict(base, now, "improved")
     return Verdict(base, now, "ok")
@@ -93,6 +98,7 @@ def judge(base: Measurement, now: Measurement, tolerance: Tolerance, max_peak: i
 def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
     import pandas as pd
 
+    host = any(v.base.host_bytes or (v.now.ok and v.now.host_bytes) for v in verdicts)
     rows = []
     for v in verdicts:
         b, n = v.base, v.now
@@ -105,6 +111,9 @@ def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
             "delta GiB": f"{(n.peak_bytes - b.peak_bytes) / GIB:+.3f}" if n.ok else "-",
             "delta %": f"{100 * (n.peak_bytes - b.peak_bytes) / b.peak_bytes:+.2f}%" if n.ok and b.peak_bytes else "-",
             "now bytes": f"{n.peak_bytes:,}" if n.ok else "-",
+            # exact bytes: offloaded figures are often far below a GiB
+            **({"host baseline bytes": f"{b.host_bytes:,}",
+                "host now bytes": f"{n.host_bytes:,}" if n.ok else "-"} if host else {}),
             "status": v.status if n.ok else f"failed: {n.error}",
         })
     return pd.DataFrame(rows)
@@ -112,8 +121,8 @@ def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
 
 def check(
     baseline: Annotated[Path, typer.Option("--baseline", help="A baseline written by `memprobe baseline`.")],
-    tolerance: Annotated[str, typer.Option("--tolerance", help="Allowed growth of a peak: relative "
-                                           "(2%) or absolute (0.5GiB).")] = "2%",
+    tolerance: Annotated[str, typer.Option("--tolerance", help="Allowed growth of a peak, and of the "
+                                           "host bytes: relative (2%) or absolute (0.5GiB).")] = "2%",
     max_peak: Annotated[str | None, typer.Option("--max-peak", help="A budget no peak may exceed, "
                                                  "e.g. 90GiB.")] = None,
     allow_version_drift: Annotated[bool, typer.Option(
@@ -123,10 +132,11 @@ def check(
     no_cache: o.NoCache = False,
     max_host_memory: o.MaxHostMemory = None,
 ) -> int:
-    """Recompile a baseline's configurations and fail when a peak regressed or exceeds a budget.
+    """Recompile a baseline's configurations and fail when a peak (or an offload strategy's host
+    bytes) regressed, or a peak exceeds a budget.
 
-    Exit 0: every peak within tolerance and under --max-peak. Exit 1: a regression, a peak
-    over budget or a failed compile. Exit 2: bad input. With $GITHUB_STEP_SUMMARY set, the
+    Exit 0: every peak and host figure within tolerance, every peak under --max-peak. Exit 1:
+    a regression, a peak over budget or a failed compile. Exit 2: bad input. With $GITHUB_STEP_SUMMARY set, the
     table is also appended there as markdown.
     """
     tol = Tolerance.parse(tolerance)
