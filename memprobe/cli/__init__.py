@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from typer.exceptions import Abort, Exit, TyperException
 
-from memprobe.cli import check, compare, explain, report, strategies, targets
+from memprobe.cli import check, compare, explain, fit, report, strategies, targets
 from memprobe.cli._output import messages
 from memprobe.errors import MemprobeError
 
@@ -21,6 +21,7 @@ app = typer.Typer(
 app.command("compare")(compare.compare)
 app.command("report")(report.report)
 app.command("baseline")(compare.baseline)
+app.command("fit")(fit.fit)
 app.command("check")(check.check)
 app.command("explain")(explain.explain)
 app.command("strategies")(strategies.list_strategies)

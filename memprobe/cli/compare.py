@@ -15,7 +15,7 @@ from memprobe.cli._output import check_writable, command_line, messages, write_r
 from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_host_cap, default_parallel
 from memprobe.errors import BadInput
 from memprobe.measure import Measurement, host_sharing, parse_size, with_host_ram
-from memprobe.plan import DEFAULT_MODEL, Plan, Step, make_plan
+from memprobe.plan import DEFAULT_MODEL, CompileJob, Plan, Step, make_plan
 from memprobe.render import Format
 from memprobe.result import Result
 from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue, select
@@ -138,10 +138,19 @@ def check_run_options(timeout: float, jobs: int | None, max_host_memory: str | N
 def run_plan(plan: Plan, timeout: float, jobs: int | None, no_cache: bool,
              max_host_bytes: int | None = None) -> list[Measurement]:
     """Compiles (or answers from the cache) every job of ``plan``, showing progress on stderr."""
-    jobs = jobs or default_parallel(len(plan.strategies))
+    n = len(plan.strategies)
+    return run_jobs(plan.jobs(), f"{n} strateg{'y' if n == 1 else 'ies'} for {plan.model.name} on "
+                    f"{plan.target.label}", timeout, jobs, no_cache, max_host_bytes)
+
+
+def run_jobs(jobs: list[CompileJob], what: str, timeout: float, parallel: int | None, no_cache: bool,
+             max_host_bytes: int | None = None, labels: list[str] | None = None) -> list[Measurement]:
+    """Compiles (or answers from the cache) ``jobs``, showing progress on stderr under
+    ``labels`` (default: the strategy names); ``what`` says what they are in the opening line."""
+    parallel = parallel or default_parallel(len(jobs))
     started = time.monotonic()
-    measurements = _compile_with_progress(plan, timeout, jobs, None if no_cache else ResultCache(),
-                                          max_host_bytes)
+    measurements = _compile_with_progress(jobs, what, labels or [j.strategy.name for j in jobs], timeout,
+                                          parallel, None if no_cache else ResultCache(), max_host_bytes)
     cached = sum(m.cached for m in measurements)
     messages().print(f"memprobe: {len(measurements) - cached} compiled, {cached} from cache, "
                      f"in {time.monotonic() - started:.0f} s wall time")
@@ -157,14 +166,14 @@ def strategy_names(catalogue, strategies: str | None) -> list[str]:
     return [n.strip() for n in strategies.split(",") if n.strip()]
 
 
-def _compile_with_progress(plan, timeout: float, parallel: int, cache, max_host_bytes=None):
-    jobs = plan.jobs()
+def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, parallel: int, cache,
+                           max_host_bytes=None):
     err = messages()
     progress = Progress(SpinnerColumn(), TextColumn("{task.description:<18}"),
                         TextColumn("{task.fields[state]}"), TimeElapsedColumn(), console=err,
                         transient=False, disable=not err.is_terminal)
     with progress:
-        tasks = [progress.add_task(j.strategy.name, start=False, state="waiting", total=1) for j in jobs]
+        tasks = [progress.add_task(label, start=False, state="waiting", total=1) for label in labels]
         started = {}
 
         def on_event(i: int, state: str, elapsed: float) -> None:
@@ -172,12 +181,12 @@ def _compile_with_progress(plan, timeout: float, parallel: int, cache, max_host_
                 started[i] = time.monotonic()
                 progress.start_task(tasks[i])
                 if not err.is_terminal:  # a log, not a live display: one line per change
-                    err.print(f"memprobe: {jobs[i].strategy.name}: {state}", highlight=False)
+                    err.print(f"memprobe: {labels[i]}: {state}", highlight=False)
             if state == "cached":
                 progress.update(tasks[i], state="from cache", completed=1)
                 progress.stop_task(tasks[i])
                 if not err.is_terminal:
-                    err.print(f"memprobe: {jobs[i].strategy.name}: from cache", highlight=False)
+                    err.print(f"memprobe: {labels[i]}: from cache", highlight=False)
                 return
             if state in ("compiling", "tracing"):  # tracing: a cached entry gets its matmul FLOPs
                 progress.update(tasks[i], state=state)
@@ -186,9 +195,8 @@ def _compile_with_progress(plan, timeout: float, parallel: int, cache, max_host_
                 progress.stop_task(tasks[i])
                 if not err.is_terminal:
                     took = time.monotonic() - started[i]
-                    err.print(f"memprobe: {jobs[i].strategy.name}: {state} after {took:.0f} s", highlight=False)
+                    err.print(f"memprobe: {labels[i]}: {state} after {took:.0f} s", highlight=False)
 
-        err.print(f"memprobe: measuring {len(jobs)} strateg{'y' if len(jobs) == 1 else 'ies'} for "
-                  f"{plan.model.name} on {plan.target.label}", highlight=False)
+        err.print(f"memprobe: measuring {what}", highlight=False)
         return compile_jobs(jobs, timeout_s=timeout, parallel=parallel, on_event=on_event,
                             cache=cache, max_host_bytes=max_host_bytes)

@@ -1,0 +1,109 @@
+"""`memprobe fit` output: the largest batch per strategy, as a terminal table, markdown or
+JSON, all from one ``FitResult``."""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import IO
+
+from memprobe.fit import FitResult, StrategySearch
+from memprobe.measure import GIB
+from memprobe.render.frame import PEAK_FORMULA, fmt, versions_line
+
+
+class FitFormat(str, enum.Enum):
+    TABLE = "table"
+    MARKDOWN = "markdown"
+    JSON = "json"
+
+
+COLUMNS = ("#", "strategy", "largest batch", "global batch", "peak GiB", "peak bytes", "% of budget",
+           "next batch", "its peak GiB", "compiles", "note")
+
+
+def _note(s: StrategySearch) -> str:
+    if s.error is not None:
+        return f"failed: {s.error}"
+    if s.largest == 0:
+        return "over the budget at batch 1"
+    if s.largest >= s.max_batch:
+        return f"fits at the search limit (--max-batch {s.max_batch})"
+    return ""
+
+
+def rows(fit: FitResult) -> list[dict[str, str]]:
+    """One display row per strategy, best first."""
+    out = []
+    for i, s in enumerate(fit.ranked(), 1):
+        m = fit.measurement(s.strategy, s.largest) if s.largest else None
+        peak = s.peaks.get(s.largest)
+        hi = s.smallest_over
+        out.append({
+            "#": str(i) if s.error is None else "-",
+            "strategy": s.strategy,
+            "largest batch": str(s.largest) if s.error is None else "-",
+            "global batch": str(s.largest * m.num_devices) if m else "-",
+            "peak GiB": fmt(peak / GIB if peak is not None else None),
+            "peak bytes": fmt(peak, ",d"),
+            "% of budget": fmt(100 * peak / fit.budget if peak is not None else None, ".0f", "%"),
+            "next batch": str(hi) if hi is not None else "-",
+            "its peak GiB": fmt(s.peaks[hi] / GIB if hi is not None else None),
+            "compiles": str(len(s.peaks) + (s.error is not None)),
+            "note": _note(s),
+        })
+    return out
+
+
+def title(fit: FitResult) -> str:
+    m = fit.measurements[0]
+    where = f"{m.topology or m.target}, {m.num_devices} device{'s' if m.num_devices > 1 else ''}"
+    return (f"{m.model} {m.step} step, seq {m.seq_len}: the largest per-device batch within "
+            f"{fit.budget / GIB:.2f} GiB per device on {where}")
+
+
+def footnotes(fit: FitResult) -> list[str]:
+    m = fit.measurements[0]
+    budget = (f"Budget: {fit.budget / GIB:.2f} GiB ({fit.budget:,} bytes) per device, "
+              + ("the target's HBM as the compiler enforces it." if fit.budget_source == "HBM"
+                 else "from --budget."))
+    out = [f"GiB = 2^30 bytes; {PEAK_FORMULA}.", budget,
+           "Every batch shown was compiled: the largest batch fits, the next batch is over. The search "
+           "draws the peak's line through batch 1 and 2 and compiles the batch it predicts with the one "
+           "after; compiles counts the batches each strategy needed.",
+           "global batch = per-device batch x devices."]
+    if not m.stands_for_accelerator:
+        out.append("CPU backend figures: they do not stand for any accelerator.")
+    out.append(versions_line(m))
+    if fit.command:
+        out.append(f"Command: `{fit.command}`")
+    return out
+
+
+def render(fit: FitResult, fmt_: FitFormat, file: IO[str], width: int | None = None) -> None:
+    if fmt_ is FitFormat.JSON:
+        file.write(json.dumps(fit.to_json(), indent=2) + "\n")
+        return
+    table = rows(fit)
+    if fmt_ is FitFormat.MARKDOWN:
+        file.write(f"## {title(fit)}\n\n")
+        right = {c for c in COLUMNS if c not in ("strategy", "note")}
+        file.write("| " + " | ".join(COLUMNS) + " |\n")
+        file.write("|" + "|".join("--:" if c in right else ":--" for c in COLUMNS) + "|\n")
+        for r in table:
+            file.write("| " + " | ".join(r[c].replace("|", "\\|") for c in COLUMNS) + " |\n")
+        file.write("\n---\n\n" + "".join(f"- {n}\n" for n in footnotes(fit)) + "\n")
+        return
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from memprobe.render import terminal_width
+
+    t = Table(title=title(fit), caption=escape("\n".join(footnotes(fit))), caption_justify="left")
+    for c in COLUMNS:
+        t.add_column(c, justify="left" if c in ("strategy", "note") else "right",
+                     style="bold" if c == "largest batch" else None, no_wrap=c == "strategy")
+    for r in table:
+        t.add_row(*(escape(r[c]) for c in COLUMNS))
+    Console(file=file, width=width or terminal_width(file), soft_wrap=False).print(t)

@@ -1,0 +1,95 @@
+"""`memprobe fit`: the search on peak curves of known shape, then end to end on real compiles."""
+
+import json
+import math
+
+import pytest
+
+from conftest import jobs_for
+from memprobe.compile import compile_job
+from memprobe.fit import search
+from memprobe.measure import Measurement
+from memprobe.plan import Shapes
+from memprobe.targets import resolve_target
+from test_cli import memprobe
+
+
+def _record(peak: int) -> Measurement:
+    return Measurement(model="m", strategy="s", strategy_knobs={}, target="t", platform="tpu", num_devices=1,
+                       topology=None, seq_len=1, batch_per_device=1, loss_chunks=1, step="train", temp_bytes=peak)
+
+
+CURVES = {  # peak bytes at batch b: what a compiler might produce, and worse
+    "linear": lambda b: 5_000 + 300 * b,
+    "steps": lambda b: 5_000 + 300 * b + (b // 7) * 1_500,
+    "convex": lambda b: 5_000 + 30 * b * b + 300 * b,
+    "concave": lambda b: 5_000 + int(9_000 * math.sqrt(b)),
+}
+
+
+@pytest.mark.parametrize("curve", CURVES)
+@pytest.mark.parametrize("budget", [4_000, 5_300, 5_600, 20_000, 77_777, 400_000])
+def test_search_finds_the_largest_fitting_batch_in_few_rounds(curve, budget):
+    peak = CURVES[curve]
+    rounds = []
+
+    def measure(pairs):
+        rounds.append(pairs)
+        return [_record(peak(b)) for _, b in pairs]
+
+    [s] = search(["s"], budget, 1024, measure)
+    truth = max((b for b in range(1, 1025) if peak(b) <= budget), default=0)
+    assert s.largest == truth and s.error is None
+    # The answer was compiled, and so was the batch after it (unless at the limit).
+    assert truth == 0 or s.peaks[truth] <= budget
+    assert truth == 1024 or s.peaks[truth + 1] > budget
+    assert len(rounds) <= {"linear": 2}.get(curve, 12)
+    assert all(len(r) <= 2 for r in rounds)
+
+
+def test_fit_on_cpu_answers_with_compiled_batches_on_both_sides_of_the_budget():
+    budget = 100 * 2**20
+    r = memprobe("fit", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--budget", "100MiB",
+                 "--strategies", "checkpoint,unrolled", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["schema"] == "memprobe.fit" and data["budget_bytes"] == budget
+    rows = {row["strategy"]: row for row in data["rows"]}
+    records = {(m["strategy"], m["batch_per_device"]): m["peak_bytes"]
+               for c in data["result"]["comparisons"] for m in c["rows"]}
+    for name, row in rows.items():
+        b = row["largest_batch"]
+        assert b >= 1 and row["next_batch"] == b + 1
+        assert row["peak_bytes"] == records[(name, b)] <= budget < records[(name, b + 1)] == row["next_peak_bytes"]
+    # checkpoint keeps less per example than unrolled, so more examples fit.
+    assert rows["checkpoint"]["largest_batch"] > rows["unrolled"]["largest_batch"]
+    assert [row["strategy"] for row in data["rows"]] == ["checkpoint", "unrolled"]
+    # The record is of the batch it names: the same compile, made here on its own.
+    b = rows["unrolled"]["largest_batch"]
+    job = jobs_for("tiny-e2b", resolve_target("cpu", 1), seq=256, batch=b, strategies=["unrolled"])["unrolled"]
+    assert job.shapes == Shapes(256, b, job.shapes.loss_chunks)
+    assert compile_job(job).peak_bytes == rows["unrolled"]["peak_bytes"]
+
+
+def test_fit_defaults_to_the_targets_hbm_and_says_when_the_limit_is_reached():
+    r = memprobe("fit", "--model", "tiny-e2b", "--target", "v5p", "--devices", "1", "--seq", "512",
+                 "--strategies", "checkpoint", "--max-batch", "2", "--format", "markdown")
+    assert r.returncode == 0, r.stderr
+    assert "within 95.73 GiB per device on v5p:1x1x1" in r.stdout
+    assert "the target's HBM as the compiler enforces it" in r.stdout
+    [row] = [line for line in r.stdout.splitlines() if line.startswith("| 1 |")]
+    assert "| checkpoint | 2 | 2 |" in row and "fits at the search limit (--max-batch 2)" in row
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--max-batch", "0"], "--max-batch must be a positive integer, got 0"),
+    (["--budget", "lots"], "--budget: 'lots' is not a size like 90GiB"),
+    (["--budget", "0MiB"], "--budget must be a positive size, got '0MiB'"),
+    (["--target", "cpu"], "target cpu has no HBM capacity to fit in; pass --budget SIZE"),
+    (["--seq", "1000"], "--seq 1000 is not a multiple of the attention block (512)"),
+])
+def test_fit_bad_input_is_one_line_and_exit_2(args, message):
+    r = memprobe("fit", "--model", "tiny-e2b", *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.startswith("memprobe: error:")]
+    assert len(lines) == 1 and message in lines[0], r.stderr
