@@ -14,7 +14,7 @@ from memprobe.errors import BadInput
 from memprobe.fit import FitResult, search
 from memprobe.measure import GIB, Measurement, parse_size
 from memprobe.plan import DEFAULT_MODEL, CompileJob, Shapes, Step
-from memprobe.render.fit import FitFormat, render
+from memprobe.render import FitFormat
 from memprobe.targets import DEFAULT_TARGET
 
 DEFAULT_MAX_BATCH = 1024
@@ -83,6 +83,8 @@ def fit(
 
     searches = search(list(by_name), limit, max_batch, measure)
     result = FitResult(searches, measured, limit, source, max_batch, command=command_line())
+    from memprobe.render.fit import render  # pandas, through the shared footnotes
+
     with output_file(output) as f:
         render(result, format, f)
     failed = [s for s in searches if s.error is not None]

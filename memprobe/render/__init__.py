@@ -18,6 +18,14 @@ class Format(str, enum.Enum):
     HTML = "html"
 
 
+class FitFormat(str, enum.Enum):
+    """`memprobe fit`'s formats (its output is one table, see ``render.fit``)."""
+
+    TABLE = "table"
+    MARKDOWN = "markdown"
+    JSON = "json"
+
+
 def terminal_width(file: IO[str]) -> int:
     """The terminal's width; 160 columns when writing to a pipe or file, so rows stay whole."""
     return Console(file=file).width if getattr(file, "isatty", lambda: False)() else 160

@@ -3,19 +3,13 @@ JSON, all from one ``FitResult``."""
 
 from __future__ import annotations
 
-import enum
 import json
 from typing import IO
 
 from memprobe.fit import FitResult, StrategySearch
 from memprobe.measure import GIB
+from memprobe.render import FitFormat
 from memprobe.render.frame import PEAK_FORMULA, fmt, versions_line
-
-
-class FitFormat(str, enum.Enum):
-    TABLE = "table"
-    MARKDOWN = "markdown"
-    JSON = "json"
 
 
 COLUMNS = ("#", "strategy", "largest batch", "global batch", "peak GiB", "peak bytes", "% of budget",

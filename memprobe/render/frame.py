@@ -10,7 +10,7 @@ import math
 
 import pandas as pd
 
-from memprobe.flags import VERDICT_FLAGS, sanity_flags
+from memprobe.flags import OVER_CAPACITY, OVER_HOST_RAM, VERDICT_FLAGS, sanity_flags
 from memprobe.measure import GIB, Measurement, flops_ratio
 
 COLUMNS = [
@@ -75,11 +75,11 @@ def host_note(m: Measurement) -> str:
 
 
 def verdict(m: Measurement) -> str | None:
-    """"fits", or what it is over ("over capacity", "over host RAM", or both); None where
+    """The verdict column: fits, or what the row is over (HBM, host RAM or both); None where
     nothing is known to judge by (no HBM capacity, or the row failed)."""
     if m.fits is None:
         return None
-    over = [what for what, fits in (("over capacity", m.fits), ("over host RAM", m.fits_host)) if fits is False]
+    over = [what for what, fits in ((OVER_CAPACITY, m.fits), (OVER_HOST_RAM, m.fits_host)) if fits is False]
     return ", ".join(over) or "fits"
 
 
