@@ -118,6 +118,7 @@ class FitResult:
     budget_source: str  # "HBM" (the target's per device) or "--budget"
     max_batch: int
     command: str | None = None
+    created: str | None = None  # when the search ran (ISO-8601 UTC); now, if not read back
 
     def measurement(self, strategy: str, batch: int) -> Measurement | None:
         return next((m for m in self.measurements if m.strategy == strategy and m.batch_per_device == batch
@@ -140,7 +141,26 @@ class FitResult:
                          "next_peak_bytes": s.peaks.get(hi) if hi is not None else None,
                          "limit_reached": s.largest >= s.max_batch, "error": s.error,
                          "peaks": {str(b): p for b, p in sorted(s.peaks.items())}})
-        result = Result(self.measurements, command=self.command).to_json()
+        result = Result(self.measurements, command=self.command,
+                        **({"created": self.created} if self.created else {})).to_json()
         return {"schema": "memprobe.fit", "schema_version": 1, "created": result["created"],
                 "command": self.command, "budget_bytes": self.budget, "budget_source": self.budget_source,
                 "max_batch": self.max_batch, "rows": rows, "result": result}
+
+    @classmethod
+    def from_json(cls, data: dict, where: str = "result") -> FitResult:
+        """Reads what ``to_json`` wrote; anything malformed is refused in one line."""
+        from memprobe.errors import BadInput
+        from memprobe.result import Result
+
+        try:
+            budget, max_batch = int(data["budget_bytes"]), int(data["max_batch"])
+            searches = [StrategySearch(row["strategy"], budget, max_batch,
+                                       peaks={int(b): int(p) for b, p in row["peaks"].items()}, error=row["error"])
+                        for row in data["rows"]]
+            source = str(data["budget_source"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise BadInput(f"{where}: not a memprobe fit result ({type(e).__name__}: {e})") from None
+        result = Result.from_json(data.get("result"), f"{where}: result")
+        return cls(searches, result.measurements, budget, source, max_batch, command=data.get("command"),
+                   created=data.get("created"))

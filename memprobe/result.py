@@ -127,15 +127,20 @@ class Result:
 
     @classmethod
     def load(cls, path: Path) -> Result:
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            raise BadInput(f"{path}: file not found") from None
-        except OSError as e:
-            raise BadInput(f"{path}: cannot read ({e.strerror})") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise BadInput(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
-        return cls.from_json(data, str(path))
+        return cls.from_json(read_json(path), str(path))
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file the user named; a missing or unreadable one is refused in one line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise BadInput(f"{path}: file not found") from None
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    return data

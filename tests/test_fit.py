@@ -93,3 +93,25 @@ def test_fit_bad_input_is_one_line_and_exit_2(args, message):
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [l for l in r.stderr.splitlines() if l.startswith("memprobe: error:")]
     assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+def test_a_saved_fit_result_is_rendered_again_by_report(tmp_path):
+    path = tmp_path / "fit.json"
+    r = memprobe("fit", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--budget", "100MiB",
+                 "--strategies", "checkpoint,unrolled", "--format", "json", "--output", str(path))
+    assert r.returncode == 0, r.stderr
+    again = memprobe("report", str(path), "--format", "json")
+    assert again.returncode == 0 and again.stdout == path.read_text()
+    md = memprobe("report", str(path))
+    assert md.returncode == 0, md.stderr
+    for row in json.loads(path.read_text())["rows"]:
+        assert f"| {row['strategy']} | {row['largest_batch']} |" in md.stdout
+        assert f"{row['peak_bytes']:,}" in md.stdout
+    for args, message in [(["--format", "csv"], "a fit result renders as table, markdown or json, not csv"),
+                          (["--host-ram", "1TiB"], "--chart and --host-ram apply to comparisons")]:
+        bad = memprobe("report", str(path), *args)
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"schema": "memprobe.fit", "rows": []}')
+    bad = memprobe("report", str(broken))
+    assert bad.returncode == 2 and "not a memprobe fit result (KeyError: 'budget_bytes')" in bad.stderr
