@@ -34,6 +34,7 @@ class StrategySearch:
     max_batch: int
     peaks: dict[int, int] = dataclasses.field(default_factory=dict)
     error: str | None = None
+    compiles: int = 0  # batches measured, failed ones included
     rounds: int = 0
     _missed: bool = False
 
@@ -79,8 +80,9 @@ class StrategySearch:
         return b1 + int((self.budget - p1) // slope)
 
     def record(self, batch: int, m: Measurement) -> None:
+        self.compiles += 1
         if not m.ok:
-            self.error = f"batch {batch}: {m.error}"
+            self.error = self.error or f"batch {batch}: {m.error}"  # the first failure says most
             return
         self.peaks[batch] = m.peak_bytes
 
@@ -139,7 +141,7 @@ class FitResult:
             rows.append({"strategy": s.strategy, "largest_batch": s.largest,
                          "peak_bytes": s.peaks.get(s.largest), "next_batch": hi,
                          "next_peak_bytes": s.peaks.get(hi) if hi is not None else None,
-                         "limit_reached": s.largest >= s.max_batch, "error": s.error,
+                         "limit_reached": s.largest >= s.max_batch, "error": s.error, "compiles": s.compiles,
                          "peaks": {str(b): p for b, p in sorted(s.peaks.items())}})
         result = Result(self.measurements, command=self.command,
                         **({"created": self.created} if self.created else {})).to_json()
@@ -156,7 +158,8 @@ class FitResult:
         try:
             budget, max_batch = int(data["budget_bytes"]), int(data["max_batch"])
             searches = [StrategySearch(row["strategy"], budget, max_batch,
-                                       peaks={int(b): int(p) for b, p in row["peaks"].items()}, error=row["error"])
+                                       peaks={int(b): int(p) for b, p in row["peaks"].items()}, error=row["error"],
+                                       compiles=int(row["compiles"]))
                         for row in data["rows"]]
             source = str(data["budget_source"])
         except (KeyError, TypeError, ValueError, AttributeError) as e:

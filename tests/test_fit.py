@@ -115,3 +115,12 @@ def test_a_saved_fit_result_is_rendered_again_by_report(tmp_path):
     broken.write_text('{"schema": "memprobe.fit", "rows": []}')
     bad = memprobe("report", str(broken))
     assert bad.returncode == 2 and "not a memprobe fit result (KeyError: 'budget_bytes')" in bad.stderr
+
+
+def test_a_failed_compile_ends_that_search_with_its_first_reason_and_exit_1():
+    r = memprobe("fit", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--budget", "100MiB",
+                 "--strategies", "checkpoint", "--timeout", "0.5", "--no-cache", "--format", "json")
+    assert r.returncode == 1
+    [row] = json.loads(r.stdout)["rows"]
+    assert row["error"].startswith("batch 1: timed out after") and row["compiles"] == 2
+    assert "memprobe: checkpoint: search stopped: batch 1: timed out" in r.stderr

@@ -43,7 +43,7 @@ def rows(fit: FitResult) -> list[dict[str, str]]:
             "% of budget": fmt(100 * peak / fit.budget if peak is not None else None, ".0f", "%"),
             "next batch": str(hi) if hi is not None else "-",
             "its peak GiB": fmt(s.peaks[hi] / GIB if hi is not None else None),
-            "compiles": str(len(s.peaks) + (s.error is not None)),
+            "compiles": str(s.compiles),
             "note": _note(s),
         })
     return out
