@@ -46,7 +46,7 @@ def fit(
     """Find the largest per-device batch at which each strategy's step fits the target's HBM.
 
     Compiles batch 1 and 2, then the batch the line through them predicts and the one after,
-    until a compiled batch fits and the next is over (usually 4 compiles per strategy). Every
+    until a compiled batch fits and the next is over (4 compiles per strategy on a linear peak). Every
     compile is cached, so `compare --batch N` afterwards answers at once. Exit code 1 when a
     strategy's search failed (the others are still shown).
     """
