@@ -161,3 +161,11 @@ def parse_size(text: str, option: str) -> int:
     if not m or unit not in _UNITS and unit:
         raise BadInput(f"{option}: {text!r} is not a size like 90GiB, 96GB or 512MiB")
     return int(float(m.group(1)) * _UNITS[unit or "b"])
+
+
+def parse_positive_size(text: str, option: str) -> int:
+    """``parse_size`` for an option where zero bytes means nothing (a cap, a budget, a RAM)."""
+    size = parse_size(text, option)
+    if size <= 0:
+        raise BadInput(f"{option} must be a positive size, got {text!r}")
+    return size

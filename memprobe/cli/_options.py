@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from memprobe.errors import BadInput
-from memprobe.measure import parse_size
+from memprobe.measure import parse_positive_size
 from memprobe.plan import Step
 from memprobe.render import Format
 
@@ -71,7 +71,4 @@ def host_ram_option(host_ram: str | None, devices_per_host: int | None) -> int |
             raise BadInput(f"--devices-per-host must be a positive integer, got {devices_per_host}")
     if host_ram is None:
         return None
-    ram = parse_size(host_ram, "--host-ram")
-    if ram <= 0:
-        raise BadInput(f"--host-ram must be a positive size, got {host_ram!r}")
-    return ram
+    return parse_positive_size(host_ram, "--host-ram")

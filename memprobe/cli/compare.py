@@ -14,7 +14,7 @@ from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, write_result
 from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_host_cap, default_parallel
 from memprobe.errors import BadInput
-from memprobe.measure import Measurement, host_sharing, parse_size, with_host_ram
+from memprobe.measure import Measurement, host_sharing, parse_positive_size, with_host_ram
 from memprobe.plan import DEFAULT_MODEL, CompileJob, Plan, Step, make_plan
 from memprobe.render import Format
 from memprobe.result import Result
@@ -129,10 +129,7 @@ def check_run_options(timeout: float, jobs: int | None, max_host_memory: str | N
         raise BadInput(f"--timeout must be a positive number of seconds, got {timeout}")
     if max_host_memory is None:
         return default_host_cap()
-    cap = parse_size(max_host_memory, "--max-host-memory")
-    if cap <= 0:
-        raise BadInput(f"--max-host-memory must be a positive size, got {max_host_memory!r}")
-    return cap
+    return parse_positive_size(max_host_memory, "--max-host-memory")
 
 
 def run_plan(plan: Plan, timeout: float, jobs: int | None, no_cache: bool,

@@ -12,7 +12,7 @@ from memprobe.cli.compare import check_run_options, plan_from_options, run_jobs
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.errors import BadInput
 from memprobe.fit import FitResult, search
-from memprobe.measure import GIB, Measurement, parse_size
+from memprobe.measure import GIB, Measurement, parse_positive_size
 from memprobe.plan import DEFAULT_MODEL, CompileJob, Shapes, Step
 from memprobe.render import FitFormat
 from memprobe.targets import DEFAULT_TARGET
@@ -55,9 +55,7 @@ def fit(
     if max_batch < 1:
         raise BadInput(f"--max-batch must be a positive integer, got {max_batch}")
     if budget is not None:
-        limit, source = parse_size(budget, "--budget"), "--budget"
-        if limit <= 0:
-            raise BadInput(f"--budget must be a positive size, got {budget!r}")
+        limit, source = parse_positive_size(budget, "--budget"), "--budget"
     elif plan.target.hbm_bytes is None:
         raise BadInput(f"target {plan.target.name} has no HBM capacity to fit in; pass --budget SIZE")
     else:
