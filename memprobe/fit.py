@@ -124,10 +124,6 @@ class FitResult:
     command: str | None = None
     created: str | None = None  # when the search ran (ISO-8601 UTC); now, if not read back
 
-    def measurement(self, strategy: str, batch: int) -> Measurement | None:
-        return next((m for m in self.measurements if m.strategy == strategy and m.batch_per_device == batch
-                     and m.ok), None)
-
     def ranked(self) -> list[StrategySearch]:
         """Largest batch first; among equals, the lower peak at it; failed searches last."""
         def key(s: StrategySearch):

@@ -9,7 +9,7 @@ from typing import IO
 from memprobe.fit import FitResult, StrategySearch
 from memprobe.measure import GIB
 from memprobe.render import FitFormat
-from memprobe.render.frame import PEAK_FORMULA, fmt, versions_line
+from memprobe.render.frame import PEAK_FORMULA, fmt, versions_line, where
 
 
 COLUMNS = ("#", "strategy", "largest batch", "global batch", "peak GiB", "peak bytes", "% of budget",
@@ -28,16 +28,16 @@ def _note(s: StrategySearch) -> str:
 
 def rows(fit: FitResult) -> list[dict[str, str]]:
     """One display row per strategy, best first."""
+    devices = fit.measurements[0].num_devices  # one configuration, every batch on the same slice
     out = []
     for i, s in enumerate(fit.ranked(), 1):
-        m = fit.measurement(s.strategy, s.largest) if s.largest else None
         peak = s.peaks.get(s.largest)
         hi = s.smallest_over
         out.append({
             "#": str(i) if s.error is None else "-",
             "strategy": s.strategy,
             "largest batch": str(s.largest) if s.error is None else "-",
-            "global batch": str(s.largest * m.num_devices) if m else "-",
+            "global batch": str(s.largest * devices) if s.largest and s.error is None else "-",
             "peak GiB": fmt(peak / GIB if peak is not None else None),
             "peak bytes": fmt(peak, ",d"),
             "% of budget": fmt(100 * peak / fit.budget if peak is not None else None, ".0f", "%"),
@@ -51,9 +51,8 @@ def rows(fit: FitResult) -> list[dict[str, str]]:
 
 def title(fit: FitResult) -> str:
     m = fit.measurements[0]
-    where = f"{m.topology or m.target}, {m.num_devices} device{'s' if m.num_devices > 1 else ''}"
     return (f"{m.model} {m.step} step, seq {m.seq_len}: the largest per-device batch within "
-            f"{fit.budget / GIB:.2f} GiB per device on {where}")
+            f"{fit.budget / GIB:.2f} GiB per device on {where(m)}")
 
 
 def footnotes(fit: FitResult) -> list[str]:

@@ -33,10 +33,14 @@ def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     return format(value, spec) + suffix
 
 
+def where(m: Measurement) -> str:
+    """The slice a record was compiled for, as titles name it."""
+    return f"{m.topology or m.target}, {m.num_devices} device{'s' if m.num_devices > 1 else ''}"
+
+
 def title(m: Measurement) -> str:
-    where = f"{m.topology or m.target}, {m.num_devices} device{'s' if m.num_devices > 1 else ''}"
     return (f"{m.model} {m.step} step, seq {m.seq_len} x per-device batch {m.batch_per_device} "
-            f"on {where}")
+            f"on {where(m)}")
 
 
 def footnotes(group: list[Measurement], command: str | None = None) -> list[str]:
