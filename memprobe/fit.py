@@ -13,9 +13,14 @@ search needs few compiles:
    failed, a round whose prediction missed is followed by a plain halving of the interval,
    so the search ends in a few rounds even where the peak is far from linear.
 
+With a host budget (``--host-ram``), a batch fits only when its host bytes (what offload
+puts in host memory) fit too; each round predicts from both lines and takes the smaller
+batch, so whichever limit binds first decides.
+
 No batch is reported from the line alone: the answer is a batch that was compiled and
 fits, with the next batch compiled and over (or the search limit reached). The search
-assumes only that a larger batch never needs less memory. Nothing here compiles or imports
+assumes only that a larger batch never needs less memory; where a compiled larger batch
+did need less, ``dips`` says so and the report shows it. Nothing here compiles or imports
 JAX; ``search`` is given a function that measures a set of batches.
 """
 
@@ -29,25 +34,47 @@ from memprobe.measure import Measurement
 
 @dataclasses.dataclass
 class StrategySearch:
-    """One strategy's search: the batches compiled so far and their peaks."""
+    """One strategy's search: the batches compiled so far, their peaks and host bytes.
+
+    ``host_budget`` is the host bytes one device may hold (the host's RAM over the devices
+    that share it); None when host memory is not judged."""
 
     strategy: str
     budget: int
     max_batch: int
     peaks: dict[int, int] = dataclasses.field(default_factory=dict)
+    hosts: dict[int, int] = dataclasses.field(default_factory=dict)
+    host_budget: int | None = None
     error: str | None = None
     compiles: int = 0  # batches measured, failed ones included
     rounds: int = 0
     _missed: bool = False
 
+    def over(self, batch: int) -> list[str]:
+        """Which limits a compiled batch exceeds: "HBM" (or the budget), "host RAM"; empty when it fits."""
+        out = ["HBM"] if self.peaks[batch] > self.budget else []
+        if self.host_budget is not None and self.hosts.get(batch, 0) > self.host_budget:
+            out.append("host RAM")
+        return out
+
     @property
     def largest(self) -> int:
         """The largest batch compiled and fitting; 0 when batch 1 is over the budget."""
-        return max((b for b, p in self.peaks.items() if p <= self.budget), default=0)
+        return max((b for b in self.peaks if not self.over(b)), default=0)
 
     @property
     def smallest_over(self) -> int | None:
-        return min((b for b, p in self.peaks.items() if p > self.budget), default=None)
+        return min((b for b in self.peaks if self.over(b)), default=None)
+
+    @property
+    def dips(self) -> list[tuple[int, int, str]]:
+        """Where a compiled larger batch needed less than the compiled batch below it:
+        (smaller batch, larger batch, "peak" or "host"). The search assumes there are none."""
+        out = []
+        for name, values in (("peak", self.peaks), ("host", self.hosts)):
+            pairs = sorted(values.items())
+            out += [(b1, b2, name) for (b1, v1), (b2, v2) in zip(pairs, pairs[1:]) if v2 < v1]
+        return out
 
     @property
     def done(self) -> bool:
@@ -73,13 +100,18 @@ class StrategySearch:
 
     def _predicted(self, lo: int, hi: int | None, top: int) -> int:
         if hi is not None:
-            (b1, p1), (b2, p2) = (lo, self.peaks[lo]), (hi, self.peaks[hi])
+            b1, b2 = lo, hi
         else:  # the two largest batches compiled, all fitting
-            (b1, p1), (b2, p2) = sorted(self.peaks.items())[-2:]
-        slope = (p2 - p1) / (b2 - b1)
-        if slope <= 0:  # no growth seen: try the far end
-            return top
-        return b1 + int((self.budget - p1) // slope)
+            b1, b2 = sorted(self.peaks)[-2:]
+        limits = [(self.peaks, self.budget)]
+        if self.host_budget is not None:
+            limits.append((self.hosts, self.host_budget))
+        guesses = [top]  # where nothing grows: try the far end
+        for values, limit in limits:
+            slope = (values[b2] - values[b1]) / (b2 - b1)
+            if slope > 0:
+                guesses.append(b1 + int((limit - values[b1]) // slope))
+        return min(guesses)
 
     def record(self, batch: int, m: Measurement) -> None:
         self.compiles += 1
@@ -87,6 +119,7 @@ class StrategySearch:
             self.error = self.error or f"batch {batch}: {m.error}"  # the first failure says most
             return
         self.peaks[batch] = m.peak_bytes
+        self.hosts[batch] = m.host_bytes
 
     def end_round(self) -> None:
         self.rounds += 1
@@ -97,10 +130,11 @@ class StrategySearch:
 Measure = Callable[[list[tuple[str, int]]], list[Measurement]]
 
 
-def search(strategies: list[str], budget: int, max_batch: int, measure: Measure) -> list[StrategySearch]:
+def search(strategies: list[str], budget: int, max_batch: int, measure: Measure,
+           host_budget: int | None = None) -> list[StrategySearch]:
     """Runs every strategy's search, one round of compiles at a time (all strategies' batches
     of a round are measured together, so they compile in parallel)."""
-    searches = [StrategySearch(s, budget, max_batch) for s in strategies]
+    searches = [StrategySearch(s, budget, max_batch, host_budget=host_budget) for s in strategies]
     while True:
         wanted = [(s, b) for s in searches for b in s.next_batches()]
         if not wanted:
@@ -114,7 +148,7 @@ def search(strategies: list[str], budget: int, max_batch: int, measure: Measure)
 @dataclasses.dataclass
 class FitResult:
     """A finished search: one ``StrategySearch`` per strategy, every measurement it compiled,
-    the budget searched against and where it came from."""
+    the budget searched against and where it came from, and the host RAM judged (if any)."""
 
     searches: list[StrategySearch]
     measurements: list[Measurement]
@@ -123,6 +157,16 @@ class FitResult:
     max_batch: int
     command: str | None = None
     created: str | None = None  # when the search ran (ISO-8601 UTC); now, if not read back
+    host_ram: int | None = None  # --host-ram: one host's RAM, shared by devices_per_host devices
+    devices_per_host: int | None = None
+
+    @property
+    def host_budget(self) -> int | None:
+        """Host bytes one device may hold: host bytes x devices per host <= host RAM exactly
+        when host bytes <= this."""
+        if self.host_ram is None or self.devices_per_host is None:
+            return None
+        return self.host_ram // self.devices_per_host
 
     def ranked(self) -> list[StrategySearch]:
         """Largest batch first; among equals, the lower peak at it; failed searches last."""
@@ -137,15 +181,20 @@ class FitResult:
         for s in self.ranked():
             hi = s.smallest_over
             rows.append({"strategy": s.strategy, "largest_batch": s.largest,
-                         "peak_bytes": s.peaks.get(s.largest), "next_batch": hi,
-                         "next_peak_bytes": s.peaks.get(hi) if hi is not None else None,
+                         "peak_bytes": s.peaks.get(s.largest), "host_bytes": s.hosts.get(s.largest),
+                         "next_batch": hi, "next_peak_bytes": s.peaks.get(hi) if hi is not None else None,
+                         "next_host_bytes": s.hosts.get(hi) if hi is not None else None,
+                         "next_over": s.over(hi) if hi is not None else [],
                          "limit_reached": s.largest >= s.max_batch, "error": s.error, "compiles": s.compiles,
-                         "peaks": {str(b): p for b, p in sorted(s.peaks.items())}})
+                         "peaks": {str(b): p for b, p in sorted(s.peaks.items())},
+                         "hosts": {str(b): h for b, h in sorted(s.hosts.items())},
+                         "dips": [{"batch": b1, "larger_batch": b2, "of": what} for b1, b2, what in s.dips]})
         result = Result(self.measurements, command=self.command,
                         **({"created": self.created} if self.created else {})).to_json()
         return {"schema": "memprobe.fit", "schema_version": 1, "created": result["created"],
                 "command": self.command, "budget_bytes": self.budget, "budget_source": self.budget_source,
-                "max_batch": self.max_batch, "rows": rows, "result": result}
+                "max_batch": self.max_batch, "host_ram_bytes": self.host_ram,
+                "devices_per_host": self.devices_per_host, "rows": rows, "result": result}
 
     @classmethod
     def from_json(cls, data: dict, where: str = "result") -> FitResult:
@@ -155,13 +204,19 @@ class FitResult:
 
         try:
             budget, max_batch = int(data["budget_bytes"]), int(data["max_batch"])
-            searches = [StrategySearch(row["strategy"], budget, max_batch,
-                                       peaks={int(b): int(p) for b, p in row["peaks"].items()}, error=row["error"],
-                                       compiles=int(row["compiles"]))
-                        for row in data["rows"]]
-            source = str(data["budget_source"])
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            ram, per_host = (None if data.get(k) is None else int(data[k])
+                             for k in ("host_ram_bytes", "devices_per_host"))
+            result = Result.from_json(data.get("result"), f"{where}: result")  # its own one-line errors
+            fit = cls([], result.measurements, budget, str(data["budget_source"]), max_batch,
+                      command=data.get("command"), created=data.get("created"), host_ram=ram, devices_per_host=per_host)
+            for row in data["rows"]:
+                # Results written before host bytes were kept have them only in the measurements.
+                hosts = row.get("hosts") or {m.batch_per_device: m.host_bytes for m in result.measurements
+                                             if m.strategy == row["strategy"] and m.ok}
+                fit.searches.append(StrategySearch(
+                    row["strategy"], budget, max_batch, peaks={int(b): int(p) for b, p in row["peaks"].items()},
+                    hosts={int(b): int(h) for b, h in hosts.items()}, host_budget=fit.host_budget,
+                    error=row["error"], compiles=int(row["compiles"])))
+        except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
             raise BadInput(f"{where}: not a memprobe fit result ({type(e).__name__}: {e})") from None
-        result = Result.from_json(data.get("result"), f"{where}: result")
-        return cls(searches, result.measurements, budget, source, max_batch, command=data.get("command"),
-                   created=data.get("created"))
+        return fit

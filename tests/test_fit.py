@@ -10,13 +10,15 @@ from memprobe.compile import compile_job
 from memprobe.fit import search
 from memprobe.measure import Measurement
 from memprobe.plan import Shapes
+from memprobe.render.fit import _note
 from memprobe.targets import resolve_target
 from test_cli import memprobe
 
 
-def _record(peak: int) -> Measurement:
+def _record(peak: int, host: int = 0) -> Measurement:
     return Measurement(model="m", strategy="s", strategy_knobs={}, target="t", platform="tpu", num_devices=1,
-                       topology=None, seq_len=1, batch_per_device=1, loss_chunks=1, step="train", temp_bytes=peak)
+                       topology=None, seq_len=1, batch_per_device=1, loss_chunks=1, step="train", temp_bytes=peak,
+                       host_temp_bytes=host)
 
 
 CURVES = {  # peak bytes at batch b: what a compiler might produce, and worse
@@ -45,6 +47,34 @@ def test_search_finds_the_largest_fitting_batch_in_few_rounds(curve, budget):
     assert truth == 1024 or s.peaks[truth + 1] > budget
     assert len(rounds) <= {"linear": 2}.get(curve, 12)
     assert all(len(r) <= 2 for r in rounds)
+
+
+@pytest.mark.parametrize("host_budget", [500, 3_000, 9_999, 50_000, 10**9])
+@pytest.mark.parametrize("curve", ["linear", "convex"])
+def test_a_host_budget_binds_when_the_host_bytes_reach_it_first(curve, host_budget):
+    peak, host = CURVES[curve], lambda b: 1_000 * b  # offload: host bytes grow with the batch
+    budget, rounds = 77_777, []
+
+    def measure(pairs):
+        rounds.append(pairs)
+        return [_record(peak(b), host(b)) for _, b in pairs]
+
+    [s] = search(["s"], budget, 1024, measure, host_budget=host_budget)
+    truth = max((b for b in range(1, 1025) if peak(b) <= budget and host(b) <= host_budget), default=0)
+    assert s.largest == truth and s.error is None and len(rounds) <= 12
+    hi = s.smallest_over
+    assert hi == truth + 1
+    binding = ["HBM"] * (peak(hi) > budget) + ["host RAM"] * (host(hi) > host_budget)
+    assert s.over(hi) == binding and binding
+
+
+def test_a_peak_that_falls_as_the_batch_grows_is_reported_not_hidden():
+    gib = 2**30
+    peak = {1: 20 * gib, 2: 30 * gib, 7: 28 * gib, 8: 85 * gib}  # what the line through 1 and 2 predicts
+    [s] = search(["s"], 80 * gib, 1024, lambda pairs: [_record(peak[b]) for _, b in pairs])
+    assert sorted(s.peaks) == [1, 2, 7, 8] and s.largest == 7 and s.smallest_over == 8
+    assert s.dips == [(2, 7, "peak")]
+    assert _note(s) == "peak falls from batch 2 to 7 (30.00 > 28.00 GiB): the search assumes it never does"
 
 
 def test_fit_on_cpu_answers_with_compiled_batches_on_both_sides_of_the_budget():
@@ -81,12 +111,44 @@ def test_fit_defaults_to_the_targets_hbm_and_says_when_the_limit_is_reached():
     assert "| checkpoint | 2 | 2 |" in row and "fits at the search limit (--max-batch 2)" in row
 
 
+def test_fit_with_host_ram_stops_where_offload_fills_the_host(tmp_path):
+    ram, path = 3 * 2**20, tmp_path / "fit.json"
+    r = memprobe("fit", "--model", "tiny-e2b", "--target", "v5p", "--devices", "1", "--seq", "512",
+                 "--strategies", "offload-mlp,offload", "--host-ram", "3MiB", "--max-batch", "16",
+                 "--format", "json", "--output", str(path))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(path.read_text())
+    assert data["host_ram_bytes"] == ram and data["devices_per_host"] == 1
+    records = {(m["strategy"], m["batch_per_device"]): m for c in data["result"]["comparisons"] for m in c["rows"]}
+    rows = {row["strategy"]: row for row in data["rows"]}
+    assert [row["strategy"] for row in data["rows"]] == ["offload", "offload-mlp"]
+    # offload: HBM has room to spare at the next batch; its host bytes are what stop it.
+    off = rows["offload"]
+    b = off["largest_batch"]
+    assert b >= 1 and off["next_batch"] == b + 1 and off["next_over"] == ["host RAM"]
+    at, nxt = records[("offload", b)], records[("offload", b + 1)]
+    assert 0 < at["host_bytes"] == off["host_bytes"] <= ram < off["next_host_bytes"] == nxt["host_bytes"]
+    assert (at["fits"], at["fits_host"], nxt["fits"], nxt["fits_host"]) == (True, True, True, False)
+    # offload-mlp puts more in host memory per example: over the host RAM at batch 1 already.
+    mlp = rows["offload-mlp"]
+    assert mlp["largest_batch"] == 0 and mlp["next_batch"] == 1 and mlp["next_over"] == ["host RAM"]
+    assert records[("offload-mlp", 1)]["host_bytes"] > ram
+    md = memprobe("report", str(path))
+    assert md.returncode == 0, md.stderr
+    assert "and 0.00 GiB host RAM per host of 1 device on v5p:1x1x1" in md.stdout
+    assert f"| offload | {b} | {b} |" in md.stdout and "| host RAM |" in md.stdout
+    assert "over host RAM at batch 1" in md.stdout and f"at most {ram:,} bytes per device" in md.stdout
+
+
 @pytest.mark.parametrize("args,message", [
     (["--max-batch", "0"], "--max-batch must be a positive integer, got 0"),
     (["--budget", "lots"], "--budget: 'lots' is not a size like 90GiB"),
     (["--budget", "0MiB"], "--budget must be a positive size, got '0MiB'"),
     (["--target", "cpu"], "target cpu has no HBM capacity to fit in; pass --budget SIZE"),
     (["--seq", "1000"], "--seq 1000 is not a multiple of the attention block (512)"),
+    (["--target", "cpu", "--budget", "1GiB", "--host-ram", "1TiB"], "--host-ram: target cpu has no host memory"),
+    (["--devices-per-host", "4"], "--devices-per-host only applies with --host-ram"),
+    (["--host-ram", "1TiB", "--devices-per-host", "64"], "--devices-per-host 64 is more than the 8 devices"),
 ])
 def test_fit_bad_input_is_one_line_and_exit_2(args, message):
     r = memprobe("fit", "--model", "tiny-e2b", *args)

@@ -52,16 +52,12 @@ def compare(
     plan = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
                              strategies_dir, loss_chunks, step)
     cap = check_run_options(timeout, jobs, max_host_memory)
-    ram = o.host_ram_option(host_ram, devices_per_host)
-    if ram is not None:  # refused now, not after the compiles
-        t = plan.target
-        if host_sharing(t.platform, t.name, t.num_devices, t.topology, devices_per_host) is None:
-            raise BadInput(f"--host-ram: target {t.name} has no host memory space to check")
+    ram = check_host_ram(plan, host_ram, devices_per_host)
     check_writable(output)
     check_writable(chart, "--chart")
     measurements = run_plan(plan, timeout, jobs, no_cache, cap)
     if ram is not None:
-        measurements = with_host_ram(measurements, ram, devices_per_host)
+        measurements = with_host_ram(measurements, ram[0], devices_per_host)
     write_result(Result(measurements, command=command_line()), format, output, chart)
     return 0 if all(m.ok for m in measurements) else 1
 
@@ -130,6 +126,19 @@ def check_run_options(timeout: float, jobs: int | None, max_host_memory: str | N
     if max_host_memory is None:
         return default_host_cap()
     return parse_positive_size(max_host_memory, "--max-host-memory")
+
+
+def check_host_ram(plan: Plan, host_ram: str | None, devices_per_host: int | None) -> tuple[int, int] | None:
+    """--host-ram and --devices-per-host for the plan's target, refused before any compile:
+    (host RAM in bytes, devices sharing it), or None when no host RAM was given."""
+    ram = o.host_ram_option(host_ram, devices_per_host)
+    if ram is None:
+        return None
+    t = plan.target
+    per_host = host_sharing(t.platform, t.name, t.num_devices, t.topology, devices_per_host)
+    if per_host is None:
+        raise BadInput(f"--host-ram: target {t.name} has no host memory space to check")
+    return ram, per_host
 
 
 def run_plan(plan: Plan, timeout: float, jobs: int | None, no_cache: bool,

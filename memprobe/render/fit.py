@@ -9,26 +9,39 @@ from typing import IO
 from memprobe.fit import FitResult, StrategySearch
 from memprobe.measure import GIB
 from memprobe.render import FitFormat
-from memprobe.render.frame import PEAK_FORMULA, fmt, versions_line, where
+from memprobe.render.frame import PEAK_FORMULA, devices, fmt, versions_line, where
 
 
 COLUMNS = ("#", "strategy", "largest batch", "global batch", "peak GiB", "peak bytes", "% of budget",
            "next batch", "its peak GiB", "compiles", "note")
+HOST_COLUMNS = ("host GiB", "next batch over")  # after "its peak GiB", when host RAM is judged
+
+
+def columns(fit: FitResult) -> tuple[str, ...]:
+    if fit.host_ram is None:
+        return COLUMNS
+    i = COLUMNS.index("its peak GiB") + 1
+    return COLUMNS[:i] + HOST_COLUMNS + COLUMNS[i:]
 
 
 def _note(s: StrategySearch) -> str:
     if s.error is not None:
         return f"failed: {s.error}"
+    notes = []
     if s.largest == 0:
-        return "over the budget at batch 1"
-    if s.largest >= s.max_batch:
-        return f"fits at the search limit (--max-batch {s.max_batch})"
-    return ""
+        notes.append(f"over {' and '.join(s.over(1)).replace('HBM', 'the budget')} at batch 1")
+    elif s.largest >= s.max_batch:
+        notes.append(f"fits at the search limit (--max-batch {s.max_batch})")
+    for b1, b2, what in s.dips:
+        values = s.peaks if what == "peak" else s.hosts
+        notes.append(f"{what} falls from batch {b1} to {b2} ({values[b1] / GIB:.2f} > {values[b2] / GIB:.2f} GiB): "
+                     "the search assumes it never does")
+    return "; ".join(notes)
 
 
 def rows(fit: FitResult) -> list[dict[str, str]]:
     """One display row per strategy, best first."""
-    devices = fit.measurements[0].num_devices  # one configuration, every batch on the same slice
+    per_slice = fit.measurements[0].num_devices  # one configuration, every batch on the same slice
     out = []
     for i, s in enumerate(fit.ranked(), 1):
         peak = s.peaks.get(s.largest)
@@ -37,12 +50,14 @@ def rows(fit: FitResult) -> list[dict[str, str]]:
             "#": str(i) if s.error is None else "-",
             "strategy": s.strategy,
             "largest batch": str(s.largest) if s.error is None else "-",
-            "global batch": str(s.largest * devices) if s.largest and s.error is None else "-",
+            "global batch": str(s.largest * per_slice) if s.largest and s.error is None else "-",
             "peak GiB": fmt(peak / GIB if peak is not None else None),
             "peak bytes": fmt(peak, ",d"),
             "% of budget": fmt(100 * peak / fit.budget if peak is not None else None, ".0f", "%"),
             "next batch": str(hi) if hi is not None else "-",
             "its peak GiB": fmt(s.peaks[hi] / GIB if hi is not None else None),
+            "host GiB": fmt(s.hosts[s.largest] / GIB if s.largest in s.hosts else None),
+            "next batch over": ", ".join(s.over(hi)) if hi is not None else "-",
             "compiles": str(s.compiles),
             "note": _note(s),
         })
@@ -51,8 +66,10 @@ def rows(fit: FitResult) -> list[dict[str, str]]:
 
 def title(fit: FitResult) -> str:
     m = fit.measurements[0]
+    host = (f" and {fit.host_ram / GIB:.2f} GiB host RAM per host of {devices(fit.devices_per_host)}"
+            if fit.host_ram is not None else "")
     return (f"{m.model} {m.step} step, seq {m.seq_len}: the largest per-device batch within "
-            f"{fit.budget / GIB:.2f} GiB per device on {where(m)}")
+            f"{fit.budget / GIB:.2f} GiB per device{host} on {where(m)}")
 
 
 def footnotes(fit: FitResult) -> list[str]:
@@ -65,6 +82,11 @@ def footnotes(fit: FitResult) -> list[str]:
            "draws the peak's line through batch 1 and 2 and compiles the batch it predicts with the one "
            "after; compiles counts the batches each strategy needed.",
            "global batch = per-device batch x devices."]
+    if fit.host_ram is not None:
+        out.append(f"Host RAM: {fit.host_ram / GIB:.2f} GiB ({fit.host_ram:,} bytes) per host, shared by "
+                   f"{devices(fit.devices_per_host)}: a batch fits only if its host bytes (what offload puts in "
+                   f"host memory, per device; host GiB) x {fit.devices_per_host} <= the host RAM, i.e. at most "
+                   f"{fit.host_budget:,} bytes per device. next batch over names the limit the next batch broke.")
     if not m.stands_for_accelerator:
         out.append("CPU backend figures: they do not stand for any accelerator.")
     out.append(versions_line(m))
@@ -78,13 +100,14 @@ def render(fit: FitResult, fmt_: FitFormat, file: IO[str], width: int | None = N
         file.write(json.dumps(fit.to_json(), indent=2) + "\n")
         return
     table = rows(fit)
+    cols = columns(fit)
     if fmt_ is FitFormat.MARKDOWN:
         file.write(f"## {title(fit)}\n\n")
-        right = {c for c in COLUMNS if c not in ("strategy", "note")}
-        file.write("| " + " | ".join(COLUMNS) + " |\n")
-        file.write("|" + "|".join("--:" if c in right else ":--" for c in COLUMNS) + "|\n")
+        left = ("strategy", "next batch over", "note")
+        file.write("| " + " | ".join(cols) + " |\n")
+        file.write("|" + "|".join(":--" if c in left else "--:" for c in cols) + "|\n")
         for r in table:
-            file.write("| " + " | ".join(r[c].replace("|", "\\|") for c in COLUMNS) + " |\n")
+            file.write("| " + " | ".join(r[c].replace("|", "\\|") for c in cols) + " |\n")
         file.write("\n---\n\n" + "".join(f"- {n}\n" for n in footnotes(fit)) + "\n")
         return
     from rich.console import Console
@@ -94,9 +117,9 @@ def render(fit: FitResult, fmt_: FitFormat, file: IO[str], width: int | None = N
     from memprobe.render import terminal_width
 
     t = Table(title=title(fit), caption=escape("\n".join(footnotes(fit))), caption_justify="left")
-    for c in COLUMNS:
-        t.add_column(c, justify="left" if c in ("strategy", "note") else "right",
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("strategy", "next batch over", "note") else "right",
                      style="bold" if c == "largest batch" else None, no_wrap=c == "strategy")
     for r in table:
-        t.add_row(*(escape(r[c]) for c in COLUMNS))
+        t.add_row(*(escape(r[c]) for c in cols))
     Console(file=file, width=width or terminal_width(file), soft_wrap=False).print(t)

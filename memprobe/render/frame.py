@@ -66,6 +66,11 @@ def footnotes(group: list[Measurement], command: str | None = None) -> list[str]
     return out
 
 
+def devices(n: int) -> str:
+    """'1 device', '8 devices'."""
+    return f"{n} device{'s' if n != 1 else ''}"
+
+
 def host_note(m: Measurement) -> str:
     """What the host column is, and whether it was checked against a host's RAM."""
     what = ("host GiB: per device, what the compiler puts in host memory (offload: memory_analysis()'s "
@@ -74,7 +79,7 @@ def host_note(m: Measurement) -> str:
         return (what + ", and not checked against the host's RAM, which serves every device on that "
                 "host (--host-ram checks it).")
     return (what + f". Checked against a host's RAM of {m.host_ram_bytes / GIB:.2f} GiB "
-            f"({m.host_ram_bytes:,} bytes, --host-ram) shared by {m.devices_per_host} devices: "
+            f"({m.host_ram_bytes:,} bytes, --host-ram) shared by {devices(m.devices_per_host)}: "
             f"a row fits when host GiB x {m.devices_per_host} is at most that.")
 
 
