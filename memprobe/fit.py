@@ -1,27 +1,30 @@
-"""The largest per-device batch at which each strategy's step fits a memory budget.
+"""The largest per-device batch, or the longest sequence, at which each strategy's step fits
+a memory budget.
 
-A strategy's peak grows with the batch, roughly along a line (the parameters and optimizer
-state are fixed, activations scale; the compiler's scheduling bends it: full-size E2B
+The search counts in steps ``n``: the per-device batch itself, or the sequence length in
+attention blocks (``unit`` tokens each, so every length tried is one the model accepts). A
+strategy's peak grows with either, roughly along a line (the parameters and optimizer state
+are fixed, activations scale; the compiler's scheduling bends it: full-size E2B
 ``scan-checkpoint`` at seq 24576 needs 48.92 GiB at batch 2 and 50.09 at batch 3), so the
 search needs few compiles:
 
-1. batch 1 and 2, which give the line;
-2. the batch the line predicts to be the last that fits, and the one after it, together:
-   when the first fits and the second does not, that is the answer;
-3. otherwise a new line predicts again: through the two largest batches while every batch
-   fits, through the nearest fitting and failing batches once one fails. Once a batch has
-   failed, a round whose prediction missed is followed by a plain halving of the interval,
-   so the search ends in a few rounds even where the peak is far from linear.
+1. n = 1 and 2, which give the line;
+2. the n the line predicts to be the last that fits, and the one after it, together: when
+   the first fits and the second does not, that is the answer;
+3. otherwise a new line predicts again: through the two largest n while every one fits,
+   through the nearest fitting and failing n once one fails. Once one has failed, a round
+   whose prediction missed is followed by a plain halving of the interval, so the search
+   ends in a few rounds even where the peak is far from linear.
 
-With a host budget (``--host-ram``), a batch fits only when its host bytes (what offload
-puts in host memory) fit too; each round predicts from both lines and takes the smaller
-batch, so whichever limit binds first decides.
+With a host budget (``--host-ram``), a size fits only when its host bytes (what offload
+puts in host memory) fit too; each round predicts from both lines and takes the smaller,
+so whichever limit binds first decides.
 
-No batch is reported from the line alone: the answer is a batch that was compiled and
-fits, with the next batch compiled and over (or the search limit reached). The search
-assumes only that a larger batch never needs less memory; where a compiled larger batch
-did need less, ``dips`` says so and the report shows it. Nothing here compiles or imports
-JAX; ``search`` is given a function that measures a set of batches.
+No answer comes from the line alone: it is a size that was compiled and fits, with the
+next size compiled and over (or the search limit reached). The search assumes only that a
+larger size never needs less memory; where a compiled larger one did need less, ``dips``
+says so and the report shows it. Nothing here compiles or imports JAX; ``search`` is given
+a function that measures a set of sizes.
 """
 
 from __future__ import annotations
@@ -31,64 +34,73 @@ from collections.abc import Callable
 
 from memprobe.measure import Measurement
 
+AXES = ("batch", "seq")  # what a fit varies: the per-device batch, or the sequence length
+
 
 @dataclasses.dataclass
 class StrategySearch:
-    """One strategy's search: the batches compiled so far, their peaks and host bytes.
+    """One strategy's search: the sizes ``n`` compiled so far, their peaks and host bytes.
 
+    ``n`` is the per-device batch (``axis`` "batch", ``unit`` 1) or the sequence length over
+    ``unit`` tokens (``axis`` "seq"); ``value(n)`` is the batch or length itself.
     ``host_budget`` is the host bytes one device may hold (the host's RAM over the devices
     that share it); None when host memory is not judged."""
 
     strategy: str
     budget: int
-    max_batch: int
+    max_n: int
     peaks: dict[int, int] = dataclasses.field(default_factory=dict)
     hosts: dict[int, int] = dataclasses.field(default_factory=dict)
     host_budget: int | None = None
+    axis: str = "batch"
+    unit: int = 1
     error: str | None = None
-    compiles: int = 0  # batches measured, failed ones included
+    compiles: int = 0  # sizes measured, failed ones included
     rounds: int = 0
     _missed: bool = False
 
-    def over(self, batch: int) -> list[str]:
-        """Which limits a compiled batch exceeds: "HBM" (or the budget), "host RAM"; empty when it fits."""
-        out = ["HBM"] if self.peaks[batch] > self.budget else []
-        if self.host_budget is not None and self.hosts.get(batch, 0) > self.host_budget:
+    def value(self, n: int) -> int:
+        return n * self.unit
+
+    def over(self, n: int) -> list[str]:
+        """Which limits a compiled size exceeds: "HBM" (or the budget), "host RAM"; empty when it fits."""
+        out = ["HBM"] if self.peaks[n] > self.budget else []
+        if self.host_budget is not None and self.hosts.get(n, 0) > self.host_budget:
             out.append("host RAM")
         return out
 
     @property
     def largest(self) -> int:
-        """The largest batch compiled and fitting; 0 when batch 1 is over the budget."""
-        return max((b for b in self.peaks if not self.over(b)), default=0)
+        """The largest n compiled and fitting; 0 when n = 1 is over the budget."""
+        return max((n for n in self.peaks if not self.over(n)), default=0)
 
     @property
     def smallest_over(self) -> int | None:
-        return min((b for b in self.peaks if self.over(b)), default=None)
+        return min((n for n in self.peaks if self.over(n)), default=None)
 
     @property
     def dips(self) -> list[tuple[int, int, str]]:
-        """Where a compiled larger batch needed less than the compiled batch below it:
-        (smaller batch, larger batch, "peak" or "host"). The search assumes there are none."""
+        """Where a compiled larger size needed less than the compiled size below it:
+        (smaller n, larger n, "peak" or "host"). The search assumes there are none."""
         out = []
         for name, values in (("peak", self.peaks), ("host", self.hosts)):
             pairs = sorted(values.items())
-            out += [(b1, b2, name) for (b1, v1), (b2, v2) in zip(pairs, pairs[1:]) if v2 < v1]
+            out += [(n1, n2, name) for (n1, v1), (n2, v2) in zip(pairs, pairs[1:]) if v2 < v1]
         return out
 
     @property
     def done(self) -> bool:
         lo, hi = self.largest, self.smallest_over
-        return self.error is not None or lo >= self.max_batch or (hi is not None and hi == lo + 1)
+        return self.error is not None or lo >= self.max_n or (hi is not None and hi == lo + 1)
 
-    def next_batches(self) -> list[int]:
-        """The batches to compile next (one or two); empty when the search is over."""
+    def next_sizes(self) -> list[int]:
+        """The n to compile next (one or two); empty when the search is over."""
         if self.done:
             return []
         if not self.peaks:
-            return [1, 2] if self.max_batch >= 2 else [1]
+            return [1, 2] if self.max_n >= 2 else [1]
         lo, hi = self.largest, self.smallest_over
-        top = hi - 1 if hi is not None else self.max_batch  # the largest batch still open
+        top = hi - 1 if hi is not None else self.max_n  # the largest n still open
         if top == lo + 1:
             return [top]
         if self._missed and hi is not None:
@@ -100,26 +112,26 @@ class StrategySearch:
 
     def _predicted(self, lo: int, hi: int | None, top: int) -> int:
         if hi is not None:
-            b1, b2 = lo, hi
-        else:  # the two largest batches compiled, all fitting
-            b1, b2 = sorted(self.peaks)[-2:]
+            n1, n2 = lo, hi
+        else:  # the two largest compiled, all fitting
+            n1, n2 = sorted(self.peaks)[-2:]
         limits = [(self.peaks, self.budget)]
         if self.host_budget is not None:
             limits.append((self.hosts, self.host_budget))
         guesses = [top]  # where nothing grows: try the far end
         for values, limit in limits:
-            slope = (values[b2] - values[b1]) / (b2 - b1)
+            slope = (values[n2] - values[n1]) / (n2 - n1)
             if slope > 0:
-                guesses.append(b1 + int((limit - values[b1]) // slope))
+                guesses.append(n1 + int((limit - values[n1]) // slope))
         return min(guesses)
 
-    def record(self, batch: int, m: Measurement) -> None:
+    def record(self, n: int, m: Measurement) -> None:
         self.compiles += 1
-        if not m.ok:
-            self.error = self.error or f"batch {batch}: {m.error}"  # the first failure says most
+        if not m.ok:  # the first failure says most
+            self.error = self.error or f"{self.axis} {self.value(n)}: {m.error}"
             return
-        self.peaks[batch] = m.peak_bytes
-        self.hosts[batch] = m.host_bytes
+        self.peaks[n] = m.peak_bytes
+        self.hosts[n] = m.host_bytes
 
     def end_round(self) -> None:
         self.rounds += 1
@@ -130,17 +142,19 @@ class StrategySearch:
 Measure = Callable[[list[tuple[str, int]]], list[Measurement]]
 
 
-def search(strategies: list[str], budget: int, max_batch: int, measure: Measure,
-           host_budget: int | None = None) -> list[StrategySearch]:
-    """Runs every strategy's search, one round of compiles at a time (all strategies' batches
-    of a round are measured together, so they compile in parallel)."""
-    searches = [StrategySearch(s, budget, max_batch, host_budget=host_budget) for s in strategies]
+def search(strategies: list[str], budget: int, max_n: int, measure: Measure, host_budget: int | None = None,
+           axis: str = "batch", unit: int = 1) -> list[StrategySearch]:
+    """Runs every strategy's search, one round of compiles at a time (all strategies' sizes
+    of a round are measured together, so they compile in parallel). ``measure`` is given
+    (strategy, n) pairs."""
+    searches = [StrategySearch(s, budget, max_n, host_budget=host_budget, axis=axis, unit=unit)
+                for s in strategies]
     while True:
-        wanted = [(s, b) for s in searches for b in s.next_batches()]
+        wanted = [(s, n) for s in searches for n in s.next_sizes()]
         if not wanted:
             return searches
-        for (s, b), m in zip(wanted, measure([(s.strategy, b) for s, b in wanted]), strict=True):
-            s.record(b, m)
+        for (s, n), m in zip(wanted, measure([(s.strategy, n) for s, n in wanted]), strict=True):
+            s.record(n, m)
         for s in {id(s): s for s, _ in wanted}.values():
             s.end_round()
 
@@ -148,17 +162,20 @@ def search(strategies: list[str], budget: int, max_batch: int, measure: Measure,
 @dataclasses.dataclass
 class FitResult:
     """A finished search: one ``StrategySearch`` per strategy, every measurement it compiled,
-    the budget searched against and where it came from, and the host RAM judged (if any)."""
+    the budget searched against and where it came from, and the host RAM judged (if any).
+    ``axis`` is what was searched ("batch" or "seq"), in steps of ``unit`` (tokens for seq)."""
 
     searches: list[StrategySearch]
     measurements: list[Measurement]
     budget: int
     budget_source: str  # "HBM" (the target's per device) or "--budget"
-    max_batch: int
+    max_n: int
     command: str | None = None
     created: str | None = None  # when the search ran (ISO-8601 UTC); now, if not read back
     host_ram: int | None = None  # --host-ram: one host's RAM, shared by devices_per_host devices
     devices_per_host: int | None = None
+    axis: str = "batch"
+    unit: int = 1
 
     @property
     def host_budget(self) -> int | None:
@@ -169,7 +186,7 @@ class FitResult:
         return self.host_ram // self.devices_per_host
 
     def ranked(self) -> list[StrategySearch]:
-        """Largest batch first; among equals, the lower peak at it; failed searches last."""
+        """Largest size first; among equals, the lower peak at it; failed searches last."""
         def key(s: StrategySearch):
             return (s.error is not None, -s.largest, s.peaks.get(s.largest, 0))
         return sorted(self.searches, key=key)
@@ -177,23 +194,26 @@ class FitResult:
     def to_json(self) -> dict:
         from memprobe.result import Result
 
-        rows = []
+        a, rows = self.axis, []
         for s in self.ranked():
             hi = s.smallest_over
-            rows.append({"strategy": s.strategy, "largest_batch": s.largest,
+            rows.append({"strategy": s.strategy, f"largest_{a}": s.value(s.largest),
                          "peak_bytes": s.peaks.get(s.largest), "host_bytes": s.hosts.get(s.largest),
-                         "next_batch": hi, "next_peak_bytes": s.peaks.get(hi) if hi is not None else None,
+                         f"next_{a}": s.value(hi) if hi is not None else None,
+                         "next_peak_bytes": s.peaks.get(hi) if hi is not None else None,
                          "next_host_bytes": s.hosts.get(hi) if hi is not None else None,
                          "next_over": s.over(hi) if hi is not None else [],
-                         "limit_reached": s.largest >= s.max_batch, "error": s.error, "compiles": s.compiles,
-                         "peaks": {str(b): p for b, p in sorted(s.peaks.items())},
-                         "hosts": {str(b): h for b, h in sorted(s.hosts.items())},
-                         "dips": [{"batch": b1, "larger_batch": b2, "of": what} for b1, b2, what in s.dips]})
+                         "limit_reached": s.largest >= s.max_n, "error": s.error, "compiles": s.compiles,
+                         "peaks": {str(s.value(n)): p for n, p in sorted(s.peaks.items())},
+                         "hosts": {str(s.value(n)): h for n, h in sorted(s.hosts.items())},
+                         "dips": [{a: s.value(n1), f"larger_{a}": s.value(n2), "of": what}
+                                  for n1, n2, what in s.dips]})
         result = Result(self.measurements, command=self.command,
                         **({"created": self.created} if self.created else {})).to_json()
         return {"schema": "memprobe.fit", "schema_version": 1, "created": result["created"],
-                "command": self.command, "budget_bytes": self.budget, "budget_source": self.budget_source,
-                "max_batch": self.max_batch, "host_ram_bytes": self.host_ram,
+                "command": self.command, "axis": a, **({"seq_unit": self.unit} if a == "seq" else {}),
+                "budget_bytes": self.budget, "budget_source": self.budget_source,
+                f"max_{a}": self.max_n * self.unit, "host_ram_bytes": self.host_ram,
                 "devices_per_host": self.devices_per_host, "rows": rows, "result": result}
 
     @classmethod
@@ -203,20 +223,25 @@ class FitResult:
         from memprobe.result import Result
 
         try:
-            budget, max_batch = int(data["budget_bytes"]), int(data["max_batch"])
+            axis = data.get("axis", "batch")  # results from before seq searches have no axis
+            if axis not in AXES:
+                raise ValueError(f"axis {axis!r} is neither batch nor seq")
+            unit = int(data["seq_unit"]) if axis == "seq" else 1
+            budget, max_n = int(data["budget_bytes"]), int(data[f"max_{axis}"]) // unit
             ram, per_host = (None if data.get(k) is None else int(data[k])
                              for k in ("host_ram_bytes", "devices_per_host"))
             result = Result.from_json(data.get("result"), f"{where}: result")  # its own one-line errors
-            fit = cls([], result.measurements, budget, str(data["budget_source"]), max_batch,
-                      command=data.get("command"), created=data.get("created"), host_ram=ram, devices_per_host=per_host)
+            fit = cls([], result.measurements, budget, str(data["budget_source"]), max_n,
+                      command=data.get("command"), created=data.get("created"), host_ram=ram,
+                      devices_per_host=per_host, axis=axis, unit=unit)
             for row in data["rows"]:
                 # Results written before host bytes were kept have them only in the measurements.
-                hosts = row.get("hosts") or {m.batch_per_device: m.host_bytes for m in result.measurements
-                                             if m.strategy == row["strategy"] and m.ok}
+                hosts = row.get("hosts") or {m.seq_len if axis == "seq" else m.batch_per_device: m.host_bytes
+                                             for m in result.measurements if m.strategy == row["strategy"] and m.ok}
                 fit.searches.append(StrategySearch(
-                    row["strategy"], budget, max_batch, peaks={int(b): int(p) for b, p in row["peaks"].items()},
-                    hosts={int(b): int(h) for b, h in hosts.items()}, host_budget=fit.host_budget,
-                    error=row["error"], compiles=int(row["compiles"])))
+                    row["strategy"], budget, max_n, peaks={int(v) // unit: int(p) for v, p in row["peaks"].items()},
+                    hosts={int(v) // unit: int(h) for v, h in hosts.items()}, host_budget=fit.host_budget,
+                    axis=axis, unit=unit, error=row["error"], compiles=int(row["compiles"])))
         except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
             raise BadInput(f"{where}: not a memprobe fit result ({type(e).__name__}: {e})") from None
         return fit

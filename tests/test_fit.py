@@ -1,5 +1,6 @@
 """`memprobe fit`: the search on peak curves of known shape, then end to end on real compiles."""
 
+import dataclasses
 import json
 import math
 
@@ -7,7 +8,7 @@ import pytest
 
 from conftest import jobs_for
 from memprobe.compile import compile_job
-from memprobe.fit import search
+from memprobe.fit import FitResult, search
 from memprobe.measure import Measurement
 from memprobe.plan import Shapes
 from memprobe.render.fit import _note
@@ -74,7 +75,16 @@ def test_a_peak_that_falls_as_the_batch_grows_is_reported_not_hidden():
     [s] = search(["s"], 80 * gib, 1024, lambda pairs: [_record(peak[b]) for _, b in pairs])
     assert sorted(s.peaks) == [1, 2, 7, 8] and s.largest == 7 and s.smallest_over == 8
     assert s.dips == [(2, 7, "peak")]
-    assert _note(s) == "peak falls from batch 2 to 7 (30.00 > 28.00 GiB): the search assumes it never does"
+    assert _note(FitResult([s], [], 80 * gib, "HBM", 1024), s) == (
+        "peak falls from batch 2 to 7 (30.00 > 28.00 GiB): the search assumes it never does")
+    # Searching the length, the same steps are attention blocks, and every message says seq.
+    [s] = search(["s"], 80 * gib, 256, lambda pairs: [_record(peak[n]) for _, n in pairs], axis="seq", unit=512)
+    assert (s.largest, s.value(s.largest), s.value(s.smallest_over)) == (7, 3584, 4096)
+    assert _note(FitResult([s], [], 80 * gib, "HBM", 256, axis="seq", unit=512), s) == (
+        "peak falls from seq 1024 to 3584 (30.00 > 28.00 GiB): the search assumes it never does")
+    failed = dataclasses.replace(_record(0), status="failed", error="timed out")
+    [s] = search(["s"], 80 * gib, 256, lambda pairs: [failed for _ in pairs], axis="seq", unit=512)
+    assert s.error == "seq 512: timed out" and s.compiles == 2
 
 
 def test_fit_on_cpu_answers_with_compiled_batches_on_both_sides_of_the_budget():
@@ -140,6 +150,31 @@ def test_fit_with_host_ram_stops_where_offload_fills_the_host(tmp_path):
     assert "over host RAM at batch 1" in md.stdout and f"at most {ram:,} bytes per device" in md.stdout
 
 
+def test_fit_vary_seq_finds_the_longest_sequence_in_attention_blocks(tmp_path):
+    budget, path = 200 * 2**20, tmp_path / "seqfit.json"
+    r = memprobe("fit", "--vary", "seq", "--batch", "2", "--max-seq", "16384", "--model", "tiny-e2b",
+                 "--target", "cpu", "--budget", "200MiB", "--strategies", "unrolled,checkpoint",
+                 "--format", "json", "--output", str(path))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(path.read_text())
+    assert (data["axis"], data["seq_unit"], data["max_seq"]) == ("seq", 512, 16384)
+    records = {(m["strategy"], m["seq_len"]): m for c in data["result"]["comparisons"] for m in c["rows"]}
+    assert {(m["batch_per_device"], m["loss_chunks"] * 512 == m["seq_len"]) for m in records.values()} == {(2, True)}
+    rows = {row["strategy"]: row for row in data["rows"]}
+    for name, row in rows.items():
+        seq = row["largest_seq"]
+        assert seq >= 512 and seq % 512 == 0 and row["next_seq"] == seq + 512 and row["next_over"] == ["HBM"]
+        assert row["peak_bytes"] == records[(name, seq)]["peak_bytes"] <= budget < records[(name, seq + 512)]["peak_bytes"]
+    # Per-layer checkpoints keep less per token, so a longer sequence fits.
+    assert rows["checkpoint"]["largest_seq"] > rows["unrolled"]["largest_seq"]
+    again = memprobe("report", str(path), "--format", "json")
+    assert again.returncode == 0 and again.stdout == path.read_text()
+    md = memprobe("report", str(path))
+    assert "per-device batch 2: the longest sequence within 0.20 GiB per device on cpu" in md.stdout
+    seq = rows["checkpoint"]["largest_seq"]
+    assert f"| checkpoint | {seq} | {2 * seq} |" in md.stdout and "loss in chunks of 512 tokens" in md.stdout
+
+
 @pytest.mark.parametrize("args,message", [
     (["--max-batch", "0"], "--max-batch must be a positive integer, got 0"),
     (["--budget", "lots"], "--budget: 'lots' is not a size like 90GiB"),
@@ -149,6 +184,12 @@ def test_fit_with_host_ram_stops_where_offload_fills_the_host(tmp_path):
     (["--target", "cpu", "--budget", "1GiB", "--host-ram", "1TiB"], "--host-ram: target cpu has no host memory"),
     (["--devices-per-host", "4"], "--devices-per-host only applies with --host-ram"),
     (["--host-ram", "1TiB", "--devices-per-host", "64"], "--devices-per-host 64 is more than the 8 devices"),
+    (["--batch", "8"], "--batch applies with --vary seq; --vary batch searches the batch at --seq"),
+    (["--max-seq", "8192"], "--max-seq applies with --vary seq"),
+    (["--vary", "seq", "--seq", "8192"], "--seq does not apply with --vary seq, which searches the length"),
+    (["--vary", "seq", "--loss-chunks", "4"], "--loss-chunks does not apply with --vary seq"),
+    (["--vary", "seq", "--max-seq", "1000"], "--max-seq must be a positive multiple of the attention block (512), got 1000"),
+    (["--vary", "seq", "--batch", "0"], "--batch must be a positive integer, got 0"),
 ])
 def test_fit_bad_input_is_one_line_and_exit_2(args, message):
     r = memprobe("fit", "--model", "tiny-e2b", *args)

@@ -12,36 +12,39 @@ from memprobe.render import FitFormat
 from memprobe.render.frame import PEAK_FORMULA, devices, fmt, versions_line, where
 
 
-COLUMNS = ("#", "strategy", "largest batch", "global batch", "peak GiB", "peak bytes", "% of budget",
-           "next batch", "its peak GiB", "compiles", "note")
-HOST_COLUMNS = ("host GiB", "next batch over")  # after "its peak GiB", when host RAM is judged
+NAMES = {  # per axis: the size's column, what it amounts to, the next size's column, its flag
+    "batch": ("largest batch", "global batch", "next batch", "--max-batch"),
+    "seq": ("longest seq", "tokens per device", "next seq", "--max-seq"),
+}
 
 
 def columns(fit: FitResult) -> tuple[str, ...]:
-    if fit.host_ram is None:
-        return COLUMNS
-    i = COLUMNS.index("its peak GiB") + 1
-    return COLUMNS[:i] + HOST_COLUMNS + COLUMNS[i:]
+    size, amount, nxt, _ = NAMES[fit.axis]
+    host = ("host GiB", f"{nxt} over") if fit.host_ram is not None else ()
+    return ("#", "strategy", size, amount, "peak GiB", "peak bytes", "% of budget", nxt, "its peak GiB",
+            *host, "compiles", "note")
 
 
-def _note(s: StrategySearch) -> str:
+def _note(fit: FitResult, s: StrategySearch) -> str:
     if s.error is not None:
         return f"failed: {s.error}"
     notes = []
     if s.largest == 0:
-        notes.append(f"over {' and '.join(s.over(1)).replace('HBM', 'the budget')} at batch 1")
-    elif s.largest >= s.max_batch:
-        notes.append(f"fits at the search limit (--max-batch {s.max_batch})")
-    for b1, b2, what in s.dips:
+        notes.append(f"over {' and '.join(s.over(1)).replace('HBM', 'the budget')} at {fit.axis} {s.value(1)}")
+    elif s.largest >= s.max_n:
+        notes.append(f"fits at the search limit ({NAMES[fit.axis][3]} {s.value(s.max_n)})")
+    for n1, n2, what in s.dips:
         values = s.peaks if what == "peak" else s.hosts
-        notes.append(f"{what} falls from batch {b1} to {b2} ({values[b1] / GIB:.2f} > {values[b2] / GIB:.2f} GiB): "
-                     "the search assumes it never does")
+        notes.append(f"{what} falls from {fit.axis} {s.value(n1)} to {s.value(n2)} ({values[n1] / GIB:.2f} > "
+                     f"{values[n2] / GIB:.2f} GiB): the search assumes it never does")
     return "; ".join(notes)
 
 
 def rows(fit: FitResult) -> list[dict[str, str]]:
     """One display row per strategy, best first."""
-    per_slice = fit.measurements[0].num_devices  # one configuration, every batch on the same slice
+    m = fit.measurements[0]  # one configuration: the same slice (and batch, when seq is searched) throughout
+    per_value = m.num_devices if fit.axis == "batch" else m.batch_per_device
+    size, amount, nxt, _ = NAMES[fit.axis]
     out = []
     for i, s in enumerate(fit.ranked(), 1):
         peak = s.peaks.get(s.largest)
@@ -49,17 +52,17 @@ def rows(fit: FitResult) -> list[dict[str, str]]:
         out.append({
             "#": str(i) if s.error is None else "-",
             "strategy": s.strategy,
-            "largest batch": str(s.largest) if s.error is None else "-",
-            "global batch": str(s.largest * per_slice) if s.largest and s.error is None else "-",
+            size: str(s.value(s.largest)) if s.error is None else "-",
+            amount: str(s.value(s.largest) * per_value) if s.largest and s.error is None else "-",
             "peak GiB": fmt(peak / GIB if peak is not None else None),
             "peak bytes": fmt(peak, ",d"),
             "% of budget": fmt(100 * peak / fit.budget if peak is not None else None, ".0f", "%"),
-            "next batch": str(hi) if hi is not None else "-",
+            nxt: str(s.value(hi)) if hi is not None else "-",
             "its peak GiB": fmt(s.peaks[hi] / GIB if hi is not None else None),
             "host GiB": fmt(s.hosts[s.largest] / GIB if s.largest in s.hosts else None),
-            "next batch over": ", ".join(s.over(hi)) if hi is not None else "-",
+            f"{nxt} over": ", ".join(s.over(hi)) if hi is not None else "-",
             "compiles": str(s.compiles),
-            "note": _note(s),
+            "note": _note(fit, s),
         })
     return out
 
@@ -68,8 +71,9 @@ def title(fit: FitResult) -> str:
     m = fit.measurements[0]
     host = (f" and {fit.host_ram / GIB:.2f} GiB host RAM per host of {devices(fit.devices_per_host)}"
             if fit.host_ram is not None else "")
-    return (f"{m.model} {m.step} step, seq {m.seq_len}: the largest per-device batch within "
-            f"{fit.budget / GIB:.2f} GiB per device{host} on {where(m)}")
+    what = (f"seq {m.seq_len}: the largest per-device batch" if fit.axis == "batch"
+            else f"per-device batch {m.batch_per_device}: the longest sequence")
+    return f"{m.model} {m.step} step, {what} within {fit.budget / GIB:.2f} GiB per device{host} on {where(m)}"
 
 
 def footnotes(fit: FitResult) -> list[str]:
@@ -77,19 +81,27 @@ def footnotes(fit: FitResult) -> list[str]:
     budget = (f"Budget: {fit.budget / GIB:.2f} GiB ({fit.budget:,} bytes) per device, "
               + ("the target's HBM as the compiler enforces it." if fit.budget_source == "HBM"
                  else "from --budget."))
-    out = [f"GiB = 2^30 bytes; {PEAK_FORMULA}.", budget,
-           "Every batch shown was compiled: the largest batch fits, the next batch is over. The search "
-           "draws the peak's line through batch 1 and 2 and compiles the batch it predicts with the one "
-           "after; compiles counts the batches each strategy needed.",
-           "global batch = per-device batch x devices."]
+    if fit.axis == "batch":
+        search = ("Every batch shown was compiled: the largest batch fits, the next batch is over. The search "
+                  "draws the peak's line through batch 1 and 2 and compiles the batch it predicts with the one "
+                  "after; compiles counts the batches each strategy needed.")
+        amount, thing = "global batch = per-device batch x devices.", "batch"
+    else:
+        search = (f"Every length shown was compiled: the longest fits, the next ({fit.unit} tokens, one attention "
+                  f"block, longer) is over. The search draws the peak's line through seq {fit.unit} and "
+                  f"{2 * fit.unit} and compiles the length it predicts with the next; compiles counts the "
+                  "lengths each strategy needed.")
+        amount, thing = "tokens per device = seq x per-device batch.", "length"
+    out = [f"GiB = 2^30 bytes; {PEAK_FORMULA}.", budget, search, amount]
     if fit.host_ram is not None:
+        nxt = NAMES[fit.axis][2]
         out.append(f"Host RAM: {fit.host_ram / GIB:.2f} GiB ({fit.host_ram:,} bytes) per host, shared by "
-                   f"{devices(fit.devices_per_host)}: a batch fits only if its host bytes (what offload puts in "
+                   f"{devices(fit.devices_per_host)}: a {thing} fits only if its host bytes (what offload puts in "
                    f"host memory, per device; host GiB) x {fit.devices_per_host} <= the host RAM, i.e. at most "
-                   f"{fit.host_budget:,} bytes per device. next batch over names the limit the next batch broke.")
+                   f"{fit.host_budget:,} bytes per device. {nxt} over names the limit the {nxt} broke.")
     if not m.stands_for_accelerator:
         out.append("CPU backend figures: they do not stand for any accelerator.")
-    out.append(versions_line(m))
+    out.append(versions_line(m, loss=None if fit.axis == "batch" else f"loss in chunks of {fit.unit} tokens"))
     if fit.command:
         out.append(f"Command: `{fit.command}`")
     return out
@@ -103,7 +115,7 @@ def render(fit: FitResult, fmt_: FitFormat, file: IO[str], width: int | None = N
     cols = columns(fit)
     if fmt_ is FitFormat.MARKDOWN:
         file.write(f"## {title(fit)}\n\n")
-        left = ("strategy", "next batch over", "note")
+        left = ("strategy", f"{NAMES[fit.axis][2]} over", "note")
         file.write("| " + " | ".join(cols) + " |\n")
         file.write("|" + "|".join(":--" if c in left else "--:" for c in cols) + "|\n")
         for r in table:
@@ -117,9 +129,10 @@ def render(fit: FitResult, fmt_: FitFormat, file: IO[str], width: int | None = N
     from memprobe.render import terminal_width
 
     t = Table(title=title(fit), caption=escape("\n".join(footnotes(fit))), caption_justify="left")
+    left = ("strategy", f"{NAMES[fit.axis][2]} over", "note")
     for c in cols:
-        t.add_column(c, justify="left" if c in ("strategy", "next batch over", "note") else "right",
-                     style="bold" if c == "largest batch" else None, no_wrap=c == "strategy")
+        t.add_column(c, justify="left" if c in left else "right",
+                     style="bold" if c == NAMES[fit.axis][0] else None, no_wrap=c == "strategy")
     for r in table:
         t.add_row(*(escape(r[c]) for c in cols))
     Console(file=file, width=width or terminal_width(file), soft_wrap=False).print(t)

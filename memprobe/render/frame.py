@@ -92,13 +92,14 @@ def verdict(m: Measurement) -> str | None:
     return ", ".join(over) or "fits"
 
 
-def versions_line(m: Measurement) -> str:
-    """The compiler stack a figure came from, and the step's shape knobs."""
+def versions_line(m: Measurement, loss: str | None = None) -> str:
+    """The compiler stack a figure came from, and the step's shape knobs (``loss`` in place
+    of the row's loss chunks, where rows of several lengths share the line)."""
     v = m.versions
     compiler = {"tpu": ("libtpu",), "cuda": ("jax-cuda12-plugin",)}.get(m.platform, ())
     shown = ("memprobe", "jax", "jaxlib", *compiler)
     return ("Versions: " + ", ".join(f"{k} {v[k]}" for k in shown if k in v)
-            + f"; loss in {m.loss_chunks} chunk(s); {m.step} step.")
+            + f"; {loss or f'loss in {m.loss_chunks} chunk(s)'}; {m.step} step.")
 
 
 def comparison_frame(measurements: list[Measurement]) -> pd.DataFrame:
