@@ -121,16 +121,22 @@ def test_fit_defaults_to_the_targets_hbm_and_says_when_the_limit_is_reached():
     assert "| checkpoint | 2 | 2 |" in row and "fits at the search limit (--max-batch 2)" in row
 
 
-def test_fit_with_host_ram_stops_where_offload_fills_the_host(tmp_path):
-    ram, path = 3 * 2**20, tmp_path / "fit.json"
-    r = memprobe("fit", "--model", "tiny-e2b", "--target", "v5p", "--devices", "1", "--seq", "512",
-                 "--strategies", "offload-mlp,offload", "--host-ram", "3MiB", "--max-batch", "16",
-                 "--format", "json", "--output", str(path))
+def _fit_json(path, *args, size="batch_per_device"):
+    """Runs `memprobe fit` into a JSON file: the result, its rows by strategy, and every
+    measurement by (strategy, size)."""
+    r = memprobe("fit", *args, "--format", "json", "--output", str(path))
     assert r.returncode == 0, r.stderr
     data = json.loads(path.read_text())
+    records = {(m["strategy"], m[size]): m for c in data["result"]["comparisons"] for m in c["rows"]}
+    return data, {row["strategy"]: row for row in data["rows"]}, records
+
+
+def test_fit_with_host_ram_stops_where_offload_fills_the_host(tmp_path):
+    ram, path = 3 * 2**20, tmp_path / "fit.json"
+    data, rows, records = _fit_json(path, "--model", "tiny-e2b", "--target", "v5p", "--devices", "1", "--seq",
+                                    "512", "--strategies", "offload-mlp,offload", "--host-ram", "3MiB",
+                                    "--max-batch", "16")
     assert data["host_ram_bytes"] == ram and data["devices_per_host"] == 1
-    records = {(m["strategy"], m["batch_per_device"]): m for c in data["result"]["comparisons"] for m in c["rows"]}
-    rows = {row["strategy"]: row for row in data["rows"]}
     assert [row["strategy"] for row in data["rows"]] == ["offload", "offload-mlp"]
     # offload: HBM has room to spare at the next batch; its host bytes are what stop it.
     off = rows["offload"]
@@ -152,15 +158,11 @@ def test_fit_with_host_ram_stops_where_offload_fills_the_host(tmp_path):
 
 def test_fit_vary_seq_finds_the_longest_sequence_in_attention_blocks(tmp_path):
     budget, path = 200 * 2**20, tmp_path / "seqfit.json"
-    r = memprobe("fit", "--vary", "seq", "--batch", "2", "--max-seq", "16384", "--model", "tiny-e2b",
-                 "--target", "cpu", "--budget", "200MiB", "--strategies", "unrolled,checkpoint",
-                 "--format", "json", "--output", str(path))
-    assert r.returncode == 0, r.stderr
-    data = json.loads(path.read_text())
+    data, rows, records = _fit_json(path, "--vary", "seq", "--batch", "2", "--max-seq", "16384", "--model",
+                                    "tiny-e2b", "--target", "cpu", "--budget", "200MiB", "--strategies",
+                                    "unrolled,checkpoint", size="seq_len")
     assert (data["axis"], data["seq_unit"], data["max_seq"]) == ("seq", 512, 16384)
-    records = {(m["strategy"], m["seq_len"]): m for c in data["result"]["comparisons"] for m in c["rows"]}
     assert {(m["batch_per_device"], m["loss_chunks"] * 512 == m["seq_len"]) for m in records.values()} == {(2, True)}
-    rows = {row["strategy"]: row for row in data["rows"]}
     for name, row in rows.items():
         seq = row["largest_seq"]
         assert seq >= 512 and seq % 512 == 0 and row["next_seq"] == seq + 512 and row["next_over"] == ["HBM"]
