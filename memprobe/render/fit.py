@@ -1,5 +1,5 @@
-"""`memprobe fit` output: the largest batch per strategy, as a terminal table, markdown or
-JSON, all from one ``FitResult``."""
+"""`memprobe fit` output: the largest batch (or longest sequence) per strategy, as a terminal
+table, markdown or JSON, all from one ``FitResult``."""
 
 from __future__ import annotations
 
