@@ -113,9 +113,9 @@ def render(fit: FitResult, fmt_: FitFormat, file: IO[str], width: int | None = N
         return
     table = rows(fit)
     cols = columns(fit)
+    left = ("strategy", f"{NAMES[fit.axis][2]} over", "note")
     if fmt_ is FitFormat.MARKDOWN:
         file.write(f"## {title(fit)}\n\n")
-        left = ("strategy", f"{NAMES[fit.axis][2]} over", "note")
         file.write("| " + " | ".join(cols) + " |\n")
         file.write("|" + "|".join(":--" if c in left else "--:" for c in cols) + "|\n")
         for r in table:
@@ -129,7 +129,6 @@ def render(fit: FitResult, fmt_: FitFormat, file: IO[str], width: int | None = N
     from memprobe.render import terminal_width
 
     t = Table(title=title(fit), caption=escape("\n".join(footnotes(fit))), caption_justify="left")
-    left = ("strategy", f"{NAMES[fit.axis][2]} over", "note")
     for c in cols:
         t.add_column(c, justify="left" if c in left else "right",
                      style="bold" if c == NAMES[fit.axis][0] else None, no_wrap=c == "strategy")

@@ -35,7 +35,7 @@ def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
 
 def where(m: Measurement) -> str:
     """The slice a record was compiled for, as titles name it."""
-    return f"{m.topology or m.target}, {m.num_devices} device{'s' if m.num_devices > 1 else ''}"
+    return f"{m.topology or m.target}, {devices(m.num_devices)}"
 
 
 def title(m: Measurement) -> str:
