@@ -81,14 +81,14 @@ class AbstractStep:
         return self.fn.lower(*self.args)
 
 
-def abstract_params(cfg: ModelConfig):
-    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+def abstract_params(cfg: ModelConfig, stacked: bool = False):
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), stacked=stacked))
     graphdef, params = nnx.split(model, nnx.Param)
     return graphdef, params
 
 
-def parameter_count(cfg: ModelConfig) -> int:
-    _, params = abstract_params(cfg)
+def parameter_count(cfg: ModelConfig, stacked: bool = False) -> int:
+    _, params = abstract_params(cfg, stacked)
     return sum(math.prod(x.shape) for x in jax.tree.leaves(params))
 
 
@@ -107,7 +107,7 @@ def make_optimizer() -> optax.GradientTransformation:
 def build_step(job: CompileJob, devices: list) -> AbstractStep:
     cfg, shapes = job.model, job.shapes
     mesh = Mesh(np.asarray(devices), (AXIS,))
-    graphdef, params = abstract_params(cfg)
+    graphdef, params = abstract_params(cfg, stacked=job.strategy.stacks_layers)
     params = _with_sharding(params, mesh)
     runner = job.strategy.layer_runner()
     act = NamedSharding(mesh, P(AXIS))

@@ -28,6 +28,7 @@ class Loop(str, enum.Enum):
     UNROLLED = "unrolled"
     CHECKPOINT = "checkpoint"
     SCAN_CHECKPOINT = "scan-checkpoint"
+    SCAN_LAYERS = "scan-layers"
 
 
 class Policy(str, enum.Enum):
@@ -43,7 +44,9 @@ class Strategy:
     """How each decoder layer is run in the train step.
 
     loop: ``unrolled`` calls layers as written; ``checkpoint`` wraps each in
-      ``jax.checkpoint``; ``scan-checkpoint`` also puts it in a ``lax.scan(length=1)``.
+      ``jax.checkpoint``; ``scan-checkpoint`` also puts it in a ``lax.scan(length=1)``;
+      ``scan-layers`` stacks the parameters of whole periods of the attention pattern and
+      runs the periods as one ``lax.scan``, each layer in ``jax.checkpoint`` inside it.
     policy: what the checkpoint may keep; ``names`` keeps ``save`` on device and moves
       ``offload`` to pinned host memory.
     shared_kv_inside: whether a donor layer's K/V computation is inside its boundary.
@@ -107,6 +110,11 @@ class Strategy:
         whether the offload is inside the scan or around it. As MaxText does, such a
         strategy saves those tensors on device instead."""
         return bool(self.offload) and self.loop is Loop.SCAN_CHECKPOINT and self.trip_count_one
+
+    @property
+    def stacks_layers(self) -> bool:
+        """Whether the model keeps its layer parameters stacked, as a scan-over-layers trainer does."""
+        return self.loop is Loop.SCAN_LAYERS
 
     def as_compiled(self) -> "Strategy":
         """The strategy as it is compiled: offload names saved on device where they must be."""

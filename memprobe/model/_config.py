@@ -11,6 +11,24 @@ class AttentionKind(enum.Enum):
     GLOBAL = "global"
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerStack:
+    """``repeats`` trips of ``period`` consecutive layers starting at ``first``, where the
+    layers at one position of every trip have the same structure, so their parameters can be
+    stacked along a leading axis and the trips run as one ``lax.scan``."""
+
+    first: int
+    period: int
+    repeats: int
+
+    def layer(self, trip: int, position: int) -> int:
+        return self.first + trip * self.period + position
+
+    @property
+    def layers(self) -> range:
+        return range(self.first, self.first + self.period * self.repeats)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Every size that decides a Gemma 4 small parameter or activation shape."""
@@ -71,6 +89,25 @@ class ModelConfig:
         if self.is_kv_shared(layer) and self.shared_mlp_hidden is not None:
             return self.shared_mlp_hidden
         return self.mlp_hidden
+
+    def layer_layout(self) -> tuple[int | LayerStack, ...]:
+        """The layers in order, whole periods of the attention pattern grouped into stacks.
+
+        Layers differ in structure by attention kind and, across the KV-sharing boundary, by
+        MLP width, so each side of that boundary is cut into periods of the pattern: E2B is
+        3 trips of 5 layers, then 4 trips of 5 (all 35 layers stacked). A side with fewer
+        than two whole periods, and the layers after its last whole period, stay single:
+        a loop of one trip is no loop.
+        """
+        period = len(self.attention_pattern)
+        out: list[int | LayerStack] = []
+        for start, end in ((0, self.first_shared_layer), (self.first_shared_layer, self.num_layers)):
+            repeats = (end - start) // period
+            if repeats >= 2:
+                out.append(LayerStack(start, period, repeats))
+                start += period * repeats
+            out.extend(range(start, end))
+        return tuple(out)
 
 
 def gemma4_small_config(

@@ -3,6 +3,12 @@
 The model knows nothing of remat strategies. Its layer loop (``Transformer.decode``) hands
 each layer to a ``LayerRunner`` as pure functions of the layer's parameter state; a
 strategy decides how to call them (directly, under ``jax.checkpoint``, inside a scan).
+
+With ``stacked=True`` the parameters are laid out as a scan-over-layers trainer keeps them:
+for each ``LayerStack`` of the config (whole periods of the attention pattern), each
+position in the period holds its layers' parameters stacked along a leading trip axis, and
+the layer loop runs the stack's trips as one ``lax.scan``, handing every layer of a trip to
+the runner as before.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memprobe.model._config import ModelConfig
+from memprobe.model._config import LayerStack, ModelConfig
 from memprobe.model._modules import Block, RMSNorm, _param
 
 KV = tuple[jax.Array, jax.Array]
@@ -28,7 +34,9 @@ class LayerStep:
 
     ``forward(state, x, per_layer_input, kv)`` returns (output, kv); with ``kv`` None the
     layer computes its own K/V. ``key_value(state, x)`` computes only the K/V, which a
-    donor layer hands to the KV-shared layers.
+    donor layer hands to the KV-shared layers. Inside a stack's scan one step stands for
+    its position in every trip: ``index`` is the first trip's layer, and ``is_donor`` holds
+    when the position is a donor in any trip (its K/V then leaves every trip).
     """
 
     index: int
@@ -53,10 +61,25 @@ def _identity(x):
     return x
 
 
+class StackedBlocks(nnx.Module):
+    """The layers of one ``LayerStack``: per position in the period, one ``Block`` whose
+    parameters are that position's layers' parameters stacked along a leading trip axis."""
+
+    def __init__(self, stack: LayerStack, blocks: list[Block]):
+        positions = []
+        for j in range(stack.period):
+            trips = [blocks[stack.layer(k, j)] for k in range(stack.repeats)]
+            states = [nnx.state(b, nnx.Param) for b in trips]
+            nnx.update(trips[0], jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+            positions.append(trips[0])
+        self.positions = nnx.List(positions)
+
+
 class Transformer(nnx.Module):
     """Gemma 4 small, text only. ``activation_dtype`` is what matmuls and activations use."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, activation_dtype=jnp.bfloat16):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, activation_dtype=jnp.bfloat16,
+                 stacked: bool = False):
         self.cfg = cfg
         self.activation_dtype = activation_dtype
         v, d, n_layers, p = cfg.vocab_size, cfg.width, cfg.num_layers, cfg.per_layer_dim
@@ -64,7 +87,11 @@ class Transformer(nnx.Module):
         self.ple_table = _param(rngs, (v, n_layers * p))
         self.ple_model_proj = _param(rngs, (d, n_layers * p))
         self.ple_proj_norm = RMSNorm(p, rngs=rngs)
-        self.layers = nnx.List([Block(cfg, i, rngs=rngs) for i in range(n_layers)])
+        # Built in layer order in both layouts, so both draw the same initial values.
+        blocks = [Block(cfg, i, rngs=rngs) for i in range(n_layers)]
+        self.layout = cfg.layer_layout() if stacked else tuple(range(n_layers))
+        self.layers = nnx.List([blocks[item] if isinstance(item, int) else StackedBlocks(item, blocks)
+                                for item in self.layout])
         self.final_norm = RMSNorm(d, rngs=rngs)
 
     def embed(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -81,37 +108,69 @@ class Transformer(nnx.Module):
         table = table * jnp.asarray(math.sqrt(cfg.per_layer_dim), dt)
         return x, (proj + table) * jnp.asarray(2 ** -0.5, dt)
 
+    def _step(self, block: Block, index: int, positions, is_donor: bool) -> LayerStep:
+        graphdef, state = nnx.split(block)
+
+        def forward(state, x, ple, kv):
+            return nnx.merge(graphdef, state)(x, ple, positions, kv)
+
+        def key_value(state, x):
+            return nnx.merge(graphdef, state).key_value(x, positions)
+
+        return LayerStep(index=index, is_donor=is_donor, is_kv_shared=self.cfg.is_kv_shared(index),
+                         state=state, forward=forward, key_value=key_value)
+
+    def _shared_kv(self, layer: int, donated: dict[int, KV]) -> KV | None:
+        donor = self.cfg.kv_donor(layer)
+        return donated[donor] if donor is not None else None
+
     def decode(self, x, per_layer_inputs, positions, runner: LayerRunner = run_directly,
                constrain: Callable[[jax.Array], jax.Array] = _identity) -> jax.Array:
         """The layer loop: the one place a strategy acts, through ``runner``."""
-        cfg = self.cfg
-        donors = cfg.donor_layers
+        donors = self.cfg.donor_layers
         donated: dict[int, KV] = {}
-        for i, block in enumerate(self.layers):
-            graphdef, state = nnx.split(block)
-
-            def forward(state, x, ple, kv, _g=graphdef):
-                return nnx.merge(_g, state)(x, ple, positions, kv)
-
-            def key_value(state, x, _g=graphdef):
-                return nnx.merge(_g, state).key_value(x, positions)
-
-            step = LayerStep(
-                index=i,
-                is_donor=i in donors,
-                is_kv_shared=cfg.is_kv_shared(i),
-                state=state,
-                forward=forward,
-                key_value=key_value,
-            )
-            donor = cfg.kv_donor(i)
-            shared_kv = donated[donor] if donor is not None else None
-            with jax.named_scope(f"layer{i}"):  # op names say which layer a buffer is from
-                x, kv = runner(step, x, per_layer_inputs[:, :, i, :], shared_kv)
+        for item, module in zip(self.layout, self.layers):
+            if isinstance(item, LayerStack):
+                x = self._scan_stack(item, module, x, per_layer_inputs, positions, runner,
+                                     constrain, donated)
+                continue
+            step = self._step(module, item, positions, item in donors)
+            with jax.named_scope(f"layer{item}"):  # op names say which layer a buffer is from
+                x, kv = runner(step, x, per_layer_inputs[:, :, item, :], self._shared_kv(item, donated))
             x = constrain(x)
             if step.is_donor:
-                donated[i] = kv
+                donated[item] = kv
         return self.final_norm(x)
+
+    def _scan_stack(self, stack: LayerStack, module: StackedBlocks, x, per_layer_inputs, positions,
+                    runner, constrain, donated: dict[int, KV]):
+        """One ``lax.scan`` over the stack's trips; each trip runs its ``period`` layers."""
+        donors = self.cfg.donor_layers
+        steps, shared, ples = [], [], []
+        for j, block in enumerate(module.positions):
+            trips = [stack.layer(k, j) for k in range(stack.repeats)]
+            steps.append(self._step(block, trips[0], positions, any(i in donors for i in trips)))
+            # A position's layers share their kind, hence their donor.
+            shared.append(self._shared_kv(trips[0], donated))
+            ples.append(jnp.moveaxis(per_layer_inputs[:, :, trips[0]:stack.layers.stop:stack.period, :], 2, 0))
+        scope = f"layers{stack.first}-{stack.layers.stop - 1}"
+
+        def trip(x, xs):
+            states, trip_ples = xs
+            handed = []
+            for j, step in enumerate(steps):
+                with jax.named_scope(f"{scope}/position{j}"):
+                    x, kv = runner(dataclasses.replace(step, state=states[j]), x, trip_ples[j], shared[j])
+                x = constrain(x)
+                handed.append(kv if step.is_donor else None)
+            return x, tuple(handed)
+
+        x, handed = jax.lax.scan(trip, x, (tuple(step.state for step in steps), tuple(ples)))
+        for j, kvs in enumerate(handed):
+            for k in range(stack.repeats):
+                if stack.layer(k, j) in donors:
+                    donated[stack.layer(k, j)] = jax.tree.map(lambda a, k=k: a[k], kvs)
+        return x
 
     def hidden(self, tokens, runner: LayerRunner = run_directly, constrain=_identity):
         x, ple = self.embed(tokens)
