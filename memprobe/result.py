@@ -1,7 +1,7 @@
 """The versioned JSON result: the one record every format is rendered from.
 
 A result holds measurements (one per strategy and configuration), the command that made
-them and when. Each measurement carries its whole configuration (model, target,
+them (one per line when results were merged) and when. Each measurement carries its whole configuration (model, target,
 topology, shapes, step, strategy knobs), every memory field, FLOPs, timings and the
 versions it was compiled with; the sanity flags and the FLOPs ratio are stored too, so a
 reader need not recompute them. ``memprobe report`` re-renders a result, ``memprobe
@@ -128,6 +128,41 @@ class Result:
     @classmethod
     def load(cls, path: Path) -> Result:
         return cls.from_json(read_json(path), str(path))
+
+    @classmethod
+    def merge(cls, results: list[tuple[str, Result]]) -> Result:
+        """Several results as one: rows of the same configuration join one table, so
+        strategies compiled in separate runs compare side by side. A strategy measured twice
+        for one configuration, or rows of one table from different compiler versions, are
+        refused: a table must not hide which figure it shows or mix two compilers' figures."""
+        if len(results) == 1:
+            return results[0][1]
+        seen: dict[tuple[str, str], str] = {}
+        stack: dict[str, tuple[str, dict]] = {}
+        measurements, commands = [], []
+        for where, result in results:
+            for m in result.measurements:
+                config = json.dumps(config_of(m), sort_keys=True)
+                if (config, m.strategy) in seen:
+                    raise BadInput(f"{where}: strategy {m.strategy!r} ({m.model}, seq {m.seq_len} x "
+                                   f"per-device batch {m.batch_per_device}, {m.topology or m.target}) "
+                                   f"is in {seen[config, m.strategy]} too")
+                seen[config, m.strategy] = where
+                compiler = {k: v for k, v in m.versions.items() if k != "memprobe"}
+                first = stack.setdefault(config, (where, compiler)) if m.ok else (where, compiler)
+                if compiler != first[1]:
+                    raise BadInput(f"{where}: {m.strategy} was compiled with {_versions(compiler)}, the "
+                                   f"same configuration in {first[0]} with {_versions(first[1])}")
+                measurements.append(m)
+            for line in (result.command or "").splitlines():
+                if line not in commands:
+                    commands.append(line)
+        created = max(r.created for _, r in results)
+        return cls(measurements, command="\n".join(commands) or None, created=created)
+
+
+def _versions(versions: dict[str, str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
 
 
 def read_json(path: Path) -> Any:

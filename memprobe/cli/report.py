@@ -17,22 +17,29 @@ from memprobe.result import Result, read_json
 
 
 def report(
-    result: Annotated[Path, typer.Argument(help="A JSON result written by --format json, `memprobe "
-                                           "baseline` or `memprobe fit --format json`.")],
+    results: Annotated[list[Path], typer.Argument(
+        help="JSON results written by --format json, `memprobe baseline` or `memprobe fit --format "
+             "json`. Several comparison results render as one: rows of the same configuration "
+             "share a table.", metavar="RESULT")],
     format: o.FormatOpt = Format.MARKDOWN,
     output: o.Output = None,
     chart: o.Chart = None,
     host_ram: o.HostRam = None,
     devices_per_host: o.DevicesPerHost = None,
 ) -> int:
-    """Re-render a saved result (table, markdown, json, csv, html) without recompiling;
-    with --host-ram, judge its offload rows against a host's RAM too. A `fit` result renders
-    as table, markdown or json."""
+    """Re-render saved results (table, markdown, json, csv, html) without recompiling, several
+    merged into one; with --host-ram, judge offload rows against a host's RAM too. A `fit`
+    result renders on its own, as table, markdown or json."""
     ram = o.host_ram_option(host_ram, devices_per_host)
-    data = read_json(result)
-    if isinstance(data, dict) and data.get("schema") == "memprobe.fit":
-        return _fit_report(data, result, format, output, chart, ram)
-    loaded = Result.from_json(data, str(result))
+    loaded_files = []
+    for path in results:
+        data = read_json(path)
+        if isinstance(data, dict) and data.get("schema") == "memprobe.fit":
+            if len(results) > 1:
+                raise BadInput(f"{path}: a fit result renders on its own, not merged with other results")
+            return _fit_report(data, path, format, output, chart, ram)
+        loaded_files.append((str(path), Result.from_json(data, str(path))))
+    loaded = Result.merge(loaded_files)
     if ram is not None:
         loaded = dataclasses.replace(loaded, measurements=with_host_ram(loaded.measurements, ram,
                                                                         devices_per_host))

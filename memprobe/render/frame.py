@@ -61,8 +61,8 @@ def footnotes(group: list[Measurement], command: str | None = None) -> list[str]
     if not m0.stands_for_accelerator:
         out.append("CPU backend figures: they do not stand for any accelerator.")
     out.append(versions_line(m0))
-    if command:
-        out.append(f"Command: `{command}`")
+    for line in (command or "").splitlines():  # a merged result keeps each run's command
+        out.append(f"Command: `{line}`")
     return out
 
 
