@@ -122,7 +122,7 @@ def test_strategies_and_targets_list_what_exists():
     assert s.returncode == 0
     for name in ("unrolled", "checkpoint", "scan-checkpoint", "offload", "layer_input", "dots-no-batch",
                  "dots_with_no_batch_dims_saveable", "minimal", "attention_out", "offload-mlp",
-                 "mlp_hidden", "scan-offload"):
+                 "mlp_hidden", "scan-offload", "scan-layers", "scan-layers-offload"):
         assert name in s.stdout
     t = memprobe("targets")
     assert t.returncode == 0
@@ -161,3 +161,46 @@ def test_report_judges_a_saved_result_against_a_hosts_ram():
     md = memprobe("report", E4B, "--host-ram", "1TiB", "--devices-per-host", "4", cwd=ROOT)
     assert md.returncode == 0, md.stderr
     assert "**over host RAM**" not in md.stdout and "shared by 4 devices" in md.stdout
+
+
+def _split_result(tmp_path, path, first):
+    """A committed result cut in two files: its first ``first`` rows, and the rest."""
+    data = json.loads((ROOT / path).read_text())
+    [comparison] = data["comparisons"]
+    parts = []
+    for i, rows in enumerate((comparison["rows"][:first], comparison["rows"][first:])):
+        part = {**data, "command": f"{data['command']} # part {i}", "comparisons": [{**comparison, "rows": rows}]}
+        parts.append(tmp_path / f"part{i}.json")
+        parts[-1].write_text(json.dumps(part))
+    return data, parts
+
+
+def test_report_merges_results_of_one_configuration_into_one_table(tmp_path):
+    # Strategies compiled in two runs read as the one comparison they would have made together.
+    data, (a, b) = _split_result(tmp_path, E4B, 3)
+    r = memprobe("report", str(a), str(b), "--format", "json", cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    merged = json.loads(r.stdout)
+    whole = memprobe("report", E4B, "--format", "json", cwd=ROOT)
+    # Flags and FLOPs ratios are recomputed over the merged table, as over the whole one.
+    assert merged["comparisons"] == json.loads(whole.stdout)["comparisons"]
+    assert merged["command"].splitlines() == [f"{data['command']} # part 0", f"{data['command']} # part 1"]
+    md = memprobe("report", str(a), str(b), cwd=ROOT)
+    assert md.returncode == 0, md.stderr
+    assert md.stdout.count("- Command: `") == 2 and md.stdout.count("| offload-mlp ") == 1
+
+
+def test_report_refuses_a_merge_that_would_hide_or_mix_figures(tmp_path):
+    _, (a, b) = _split_result(tmp_path, E4B, 3)
+    twice = memprobe("report", str(a), str(a), cwd=ROOT)
+    assert twice.returncode == 2
+    assert ("part0.json: strategy 'unrolled' (gemma4-e4b, seq 24576 x per-device batch 8, tpu7x:2x2x1) "
+            f"is in {a} too") in twice.stderr
+    other = json.loads(b.read_text())
+    other["comparisons"][0]["rows"][0]["versions"]["libtpu"] = "0.0.99"
+    b.write_text(json.dumps(other))
+    mixed = memprobe("report", str(a), str(b), cwd=ROOT)
+    assert mixed.returncode == 2 and len(mixed.stderr.strip().splitlines()) == 1
+    assert "libtpu 0.0.99" in mixed.stderr and "libtpu 0.0.50.1" in mixed.stderr
+    fit = memprobe("report", "reports/gemma4-e2b-seq24576-tpu7x-8-fit.json", str(a), cwd=ROOT)
+    assert fit.returncode == 2 and "a fit result renders on its own" in fit.stderr
