@@ -74,6 +74,15 @@ class Buffer:
     tensor: str | None  # the model's tensor scope, e.g. "mlp_hidden"
 
     @property
+    def layers(self) -> str:
+        """Which layer the buffer is from: its number, or for a scan over stacked layers the
+        stack's layers and the position in its period ("15-34, pos 4"); "-" when none."""
+        if self.layer is not None:
+            return str(self.layer)
+        stack = re.search(r"\blayers(\d+)-(\d+)/position(\d+)\b", self.op_name)
+        return f"{stack[1]}-{stack[2]}, pos {stack[3]}" if stack else "-"
+
+    @property
     def label(self) -> str:
         """What the buffer is, in the model's terms, without its layer."""
         if self.kind in ("parameter", "optimizer state", "batch"):
