@@ -42,7 +42,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 GIB = 1024**3
-ALL = ("checkpoint,scan-checkpoint,unrolled,offload,minimal,dots-no-batch,offload-mlp,scan-offload")
+# Every built-in strategy, those a user most needs measured first (a run stopped by
+# --budget still returns them).
+ALL = ("checkpoint,scan-checkpoint,scan-layers,unrolled,offload,scan-layers-offload,minimal,"
+       "dots-no-batch,offload-mlp,scan-offload")
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -41,3 +41,17 @@ def test_estimates_for_another_configuration_are_refused():
     r = run("--seq", "1024", "--batch", "1", "--estimates", str(estimates), timeout=120)
     assert r.returncode != 0
     assert "is for another configuration" in r.stderr and "seq_len" in r.stderr
+
+
+def test_the_device_run_covers_every_built_in_strategy():
+    # A lent GPU runs the script with its default list: a strategy left out of it would
+    # never be measured.
+    import importlib.util
+
+    from memprobe.strategy import load_catalogue
+
+    spec = importlib.util.spec_from_file_location("validate_gpu", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    listed = module.ALL.split(",")
+    assert sorted(listed) == sorted(load_catalogue()) and len(set(listed)) == len(listed)
