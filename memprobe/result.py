@@ -137,8 +137,8 @@ class Result:
         refused: a table must not hide which figure it shows or mix two compilers' figures."""
         if len(results) == 1:
             return results[0][1]
-        seen: dict[tuple[str, str], str] = {}
-        stack: dict[str, tuple[str, dict]] = {}
+        seen: dict[tuple[str, str], str] = {}  # (configuration, strategy) -> the file it came from
+        compilers: dict[str, tuple[str, dict]] = {}  # configuration -> its first compiled row's file, versions
         measurements, commands = [], []
         for where, result in results:
             for m in result.measurements:
@@ -148,11 +148,12 @@ class Result:
                                    f"per-device batch {m.batch_per_device}, {m.topology or m.target}) "
                                    f"is in {seen[config, m.strategy]} too")
                 seen[config, m.strategy] = where
-                compiler = {k: v for k, v in m.versions.items() if k != "memprobe"}
-                first = stack.setdefault(config, (where, compiler)) if m.ok else (where, compiler)
-                if compiler != first[1]:
-                    raise BadInput(f"{where}: {m.strategy} was compiled with {_versions(compiler)}, the "
-                                   f"same configuration in {first[0]} with {_versions(first[1])}")
+                if m.ok:  # a failed row compiled nothing
+                    compiler = {k: v for k, v in m.versions.items() if k != "memprobe"}
+                    first, first_compiler = compilers.setdefault(config, (where, compiler))
+                    if compiler != first_compiler:
+                        raise BadInput(f"{where}: {m.strategy} was compiled with {_versions(compiler)}, "
+                                       f"the same configuration in {first} with {_versions(first_compiler)}")
                 measurements.append(m)
             for line in (result.command or "").splitlines():
                 if line not in commands:

@@ -169,29 +169,29 @@ def _split_result(tmp_path, path, first):
     [comparison] = data["comparisons"]
     parts = []
     for i, rows in enumerate((comparison["rows"][:first], comparison["rows"][first:])):
-        part = {**data, "command": f"{data['command']} # part {i}", "comparisons": [{**comparison, "rows": rows}]}
+        part = {**data, "command": f"memprobe compare --part {i}", "comparisons": [{**comparison, "rows": rows}]}
         parts.append(tmp_path / f"part{i}.json")
         parts[-1].write_text(json.dumps(part))
-    return data, parts
+    return parts
 
 
 def test_report_merges_results_of_one_configuration_into_one_table(tmp_path):
     # Strategies compiled in two runs read as the one comparison they would have made together.
-    data, (a, b) = _split_result(tmp_path, E4B, 3)
+    a, b = _split_result(tmp_path, E4B, 3)
     r = memprobe("report", str(a), str(b), "--format", "json", cwd=ROOT)
     assert r.returncode == 0, r.stderr
     merged = json.loads(r.stdout)
     whole = memprobe("report", E4B, "--format", "json", cwd=ROOT)
     # Flags and FLOPs ratios are recomputed over the merged table, as over the whole one.
     assert merged["comparisons"] == json.loads(whole.stdout)["comparisons"]
-    assert merged["command"].splitlines() == [f"{data['command']} # part 0", f"{data['command']} # part 1"]
+    assert merged["command"].splitlines() == ["memprobe compare --part 0", "memprobe compare --part 1"]
     md = memprobe("report", str(a), str(b), cwd=ROOT)
     assert md.returncode == 0, md.stderr
     assert md.stdout.count("- Command: `") == 2 and md.stdout.count("| offload-mlp ") == 1
 
 
 def test_report_refuses_a_merge_that_would_hide_or_mix_figures(tmp_path):
-    _, (a, b) = _split_result(tmp_path, E4B, 3)
+    a, b = _split_result(tmp_path, E4B, 3)
     twice = memprobe("report", str(a), str(a), cwd=ROOT)
     assert twice.returncode == 2
     assert ("part0.json: strategy 'unrolled' (gemma4-e4b, seq 24576 x per-device batch 8, tpu7x:2x2x1) "
