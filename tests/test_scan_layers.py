@@ -99,6 +99,13 @@ def test_scan_layers_computes_the_same_loss_and_gradients(name):
         jax.tree.map(close, grads[key], ref[key])
 
 
+def tpu_jobs():
+    """checkpoint, scan-layers and scan-layers-offload for the stacked tiny model on a 4-device v5p."""
+    jobs = jobs_for("tiny-e2b", resolve_target("v5p", 4), seq=1024, batch=2,
+                    strategies=["checkpoint", "scan-layers", "scan-layers-offload"])
+    return {name: dataclasses.replace(job, model=STACKED) for name, job in jobs.items()}
+
+
 @functools.cache
 def tpu_results():
     return {name: compile_job(job, keep_hlo=True) for name, job in tpu_jobs().items()}
