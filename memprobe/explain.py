@@ -74,7 +74,7 @@ class Buffer:
     tensor: str | None  # the model's tensor scope, e.g. "mlp_hidden"
 
     @property
-    def layers(self) -> str:
+    def layer_label(self) -> str:
         """Which layer the buffer is from: its number, or for a scan over stacked layers the
         stack's layers and the position in its period ("15-34, pos 4"); "-" when none."""
         if self.layer is not None:

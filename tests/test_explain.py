@@ -78,10 +78,10 @@ def test_hlo_and_live_ranges_are_read_and_named():
                              param, op_name="p[\\'layers\\'][3][\\'mlp\\'][\\'down\\'].value")], curve=[])
     assert Explanation.from_dict(stored.to_dict()).buffers[0].label == param.label
     # A layer inside a scan over stacked layers is named by its stack and period position.
-    assert act.layers == "3" and param.layers == "-"
+    assert act.layer_label == "3" and param.layer_label == "-"
     stacked = dataclasses.replace(act, layer=None, op_name=(
         "jit(train_step)/transpose(jvp())/while/body/layers15-34/position4/mlp_hidden/dot_general"))
-    assert stacked.layers == "15-34, pos 4"
+    assert stacked.layer_label == "15-34, pos 4"
 
 
 def test_hbm_live_bytes_leave_out_other_memory_spaces_and_count_a_shared_address_once():

@@ -28,7 +28,7 @@ def buffers_frame(m: Measurement, e: Explanation, top: int) -> tuple[pd.DataFram
     """The ``top`` largest buffers live at the peak, and a line for the rest."""
     rows = [{"#": i + 1, "size": _size(b.bytes), "bytes": f"{b.bytes:,}",
              "% of peak": fmt(100 * b.bytes / m.peak_bytes, ".1f", "%"), "shape": b.shape or "?",
-             "what": b.label, "layer": b.layers, "HLO value": b.value}
+             "what": b.label, "layer": b.layer_label, "HLO value": b.value}
             for i, b in enumerate(e.buffers[:top])]
     rest = e.buffers[top:]
     rest_bytes = sum(b.bytes for b in rest)
