@@ -1,10 +1,10 @@
 """The versioned JSON result: the one record every format is rendered from.
 
 A result holds measurements (one per strategy and configuration), the command that made
-them (one per line when results were merged) and when. Each measurement carries its whole configuration (model, target,
-topology, shapes, step, strategy knobs), every memory field, FLOPs, timings and the
-versions it was compiled with; the sanity flags and the FLOPs ratio are stored too, so a
-reader need not recompute them. ``memprobe report`` re-renders a result, ``memprobe
+them (one per line when results were merged) and when. Each measurement carries its whole
+configuration (model, target, topology, shapes, step, strategy knobs), every memory field,
+FLOPs, timings and the versions it was compiled with; the sanity flags and the FLOPs ratio
+are stored too, so a reader need not recompute them. ``memprobe report`` re-renders a result, ``memprobe
 check`` recompiles a result used as a baseline.
 
 Schema ``memprobe.result`` version 1::
@@ -38,11 +38,16 @@ def config_of(m: Measurement) -> dict[str, Any]:
     return {f: getattr(m, f) for f in CONFIG_FIELDS}
 
 
+def config_key(m: Measurement) -> str:
+    """One string per configuration: the rows that share it make one table."""
+    return json.dumps(config_of(m), sort_keys=True)
+
+
 def group_by_config(measurements: list[Measurement]) -> list[list[Measurement]]:
     """Measurements split by configuration, first-seen order kept (one table each)."""
     groups: dict[str, list[Measurement]] = {}
     for m in measurements:
-        groups.setdefault(json.dumps(config_of(m), sort_keys=True), []).append(m)
+        groups.setdefault(config_key(m), []).append(m)
     return list(groups.values())
 
 
@@ -142,7 +147,7 @@ class Result:
         measurements, commands = [], []
         for where, result in results:
             for m in result.measurements:
-                config = json.dumps(config_of(m), sort_keys=True)
+                config = config_key(m)
                 if (config, m.strategy) in seen:
                     raise BadInput(f"{where}: strategy {m.strategy!r} ({m.model}, seq {m.seq_len} x "
                                    f"per-device batch {m.batch_per_device}, {m.topology or m.target}) "
