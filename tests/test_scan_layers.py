@@ -52,8 +52,9 @@ def test_stacked_layout_keeps_every_parameter():
 
 def _loss_and_grads(name, stacked, tokens, targets):
     """Loss and gradients in float64, so that any difference is one of math, not of rounding:
-    in float32 the scan's other order of operations alone moves gradients by 1e-4 of their
-    scale on the CPU backend (a plain scan without remat moves them the same)."""
+    in float32 the scan's other order of operations alone moves gradients by up to 3e-4 of
+    their array's largest value on the CPU backend (a plain scan without remat moves them
+    exactly as much); in float64 they agree to 3e-14."""
     model = Transformer(STACKED, rngs=nnx.Rngs(0), activation_dtype=jnp.float64, stacked=stacked)
     runner = load_catalogue()[name].layer_runner()
     graphdef, params = nnx.split(model, nnx.Param)
