@@ -34,6 +34,24 @@ def checkpoint_policy(strategy: Strategy):
     raise AssertionError(strategy.policy)  # every Policy member is matched above
 
 
+class _Runner:
+    """A strategy's layer runner: ``run`` for each layer, and the trip wrapper of a scan over
+    stacked layers."""
+
+    def __init__(self, run, checkpoint_period: bool):
+        self._run = run
+        self._checkpoint_period = checkpoint_period
+
+    def __call__(self, step: LayerStep, x, per_layer_input, kv):
+        return self._run(step, x, per_layer_input, kv)
+
+    def wrap_trip(self, trip):
+        if not self._checkpoint_period:
+            return trip
+        # Inside the scan, as for the layers in it: the loop keeps the recomputation apart.
+        return jax.checkpoint(trip, policy=jax.checkpoint_policies.nothing_saveable, prevent_cse=False)
+
+
 def make_layer_runner(strategy: Strategy):
     if strategy.loop is Loop.UNROLLED:
         return run_directly
@@ -64,4 +82,4 @@ def make_layer_runner(strategy: Strategy):
             return y, jax.tree.map(lambda a: a[0], stacked)
         return y, kv
 
-    return run
+    return _Runner(run, strategy.checkpoint_period)

@@ -52,6 +52,10 @@ class Strategy:
     shared_kv_inside: whether a donor layer's K/V computation is inside its boundary.
     prevent_cse: ``jax.checkpoint``'s flag of that name.
     trip_count_one: mark the one-trip scan so XLA keeps the loop instead of inlining it.
+    checkpoint_period: (``scan-layers`` only) also wrap each whole trip of the scan, one
+      period of the attention pattern, in ``jax.checkpoint`` saving nothing, so only the
+      trip's input crosses from the forward to the backward pass; the per-layer checkpoints
+      inside then act while the trip is recomputed.
     """
 
     name: str
@@ -63,6 +67,7 @@ class Strategy:
     shared_kv_inside: bool = False
     prevent_cse: bool = True
     trip_count_one: bool = False
+    checkpoint_period: bool = False
     source: str = "built-in"
 
     def __post_init__(self):
@@ -85,6 +90,8 @@ class Strategy:
                            "offload and trip_count_one do not apply")
         if self.trip_count_one and self.loop is not Loop.SCAN_CHECKPOINT:
             raise BadInput(f"{where}: trip_count_one: only a scan-checkpoint loop has a one-trip loop")
+        if self.checkpoint_period and self.loop is not Loop.SCAN_LAYERS:
+            raise BadInput(f"{where}: checkpoint_period: only a scan-layers loop has periods to checkpoint")
 
     def knobs(self) -> dict[str, object]:
         """The canonical form shown in reports: every knob, explicit."""
@@ -96,6 +103,7 @@ class Strategy:
             "shared_kv_inside": self.shared_kv_inside,
             "prevent_cse": self.prevent_cse,
             "trip_count_one": self.trip_count_one,
+            "checkpoint_period": self.checkpoint_period,
         }
 
     @property
@@ -131,7 +139,7 @@ class Strategy:
 
 _KEYS = {
     "description": str, "loop": str, "policy": str, "save": list, "offload": list,
-    "shared_kv_inside": bool, "prevent_cse": bool, "trip_count_one": bool,
+    "shared_kv_inside": bool, "prevent_cse": bool, "trip_count_one": bool, "checkpoint_period": bool,
 }
 
 
@@ -166,6 +174,7 @@ def strategy_from_mapping(name: str, data: dict, where: str) -> Strategy:
         shared_kv_inside=data.get("shared_kv_inside", False),
         prevent_cse=data.get("prevent_cse", True),
         trip_count_one=data.get("trip_count_one", False),
+        checkpoint_period=data.get("checkpoint_period", False),
         source=where,
     )
 

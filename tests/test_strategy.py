@@ -27,7 +27,7 @@ def test_catalogue_has_at_least_eight_builtins_each_with_every_knob():
         assert name in catalogue
     for s in catalogue.values():
         assert list(s.knobs()) == ["loop", "policy", "save", "offload", "shared_kv_inside",
-                                   "prevent_cse", "trip_count_one"]
+                                   "prevent_cse", "trip_count_one", "checkpoint_period"]
     assert catalogue["minimal"].save == ("query_proj", "key_proj", "value_proj", "attention_out")
 
 
@@ -49,6 +49,7 @@ def test_scan_checkpoint_is_the_reported_fix():
     assert s.knobs() == {
         "loop": "scan-checkpoint", "policy": "nothing_saveable", "save": [], "offload": [],
         "shared_kv_inside": True, "prevent_cse": True, "trip_count_one": True,
+        "checkpoint_period": False,
     }
 
 
@@ -66,6 +67,8 @@ BAD_FILES = {
     "unrolled with policy": ('description = "x"\nloop = "unrolled"\npolicy = "dots_saveable"\n',
                              "\"unrolled\" has no checkpoint"),
     "missing loop": ('description = "x"\n', "missing key 'loop'"),
+    "period without a scan": ('description = "x"\nloop = "scan-checkpoint"\ncheckpoint_period = true\n',
+                              "checkpoint_period: only a scan-layers loop has periods"),
 }
 
 

@@ -8,7 +8,7 @@ With ``stacked=True`` the parameters are laid out as a scan-over-layers trainer 
 for each ``LayerStack`` of the config (whole periods of the attention pattern), each
 position in the period holds its layers' parameters stacked along a leading trip axis, and
 the layer loop runs the stack's trips as one ``lax.scan``, handing every layer of a trip to
-the runner as before.
+the runner as before, and each whole trip to the runner's ``wrap_trip``.
 """
 
 from __future__ import annotations
@@ -47,14 +47,34 @@ class LayerStep:
     key_value: Callable[[Any, jax.Array], KV]
 
 
+TripFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
+
+
 class LayerRunner(Protocol):
+    """The layer loop's hook. It is called for every layer; ``wrap_trip`` gets the body of a
+    stack's scan, one trip of ``period`` layers as ``(x, per-trip inputs) -> (x, handed K/V)``,
+    and returns what the scan runs instead (in the stacked layout only)."""
+
     def __call__(self, step: LayerStep, x: jax.Array, per_layer_input: jax.Array,
                  kv: KV | None) -> tuple[jax.Array, KV]: ...
 
+    def wrap_trip(self, trip: TripFn) -> TripFn: ...
 
-def run_directly(step: LayerStep, x, per_layer_input, kv):
-    """The runner with no remat: every layer is called as written."""
-    return step.forward(step.state, x, per_layer_input, kv)
+
+class _Direct:
+    """The runner with no remat: every layer, and every trip, is called as written."""
+
+    def __call__(self, step: LayerStep, x, per_layer_input, kv):
+        return step.forward(step.state, x, per_layer_input, kv)
+
+    def wrap_trip(self, trip: TripFn) -> TripFn:
+        return trip
+
+    def __repr__(self):
+        return "run_directly"
+
+
+run_directly = _Direct()
 
 
 def _identity(x):
@@ -165,7 +185,8 @@ class Transformer(nnx.Module):
                 handed.append(kv if step.is_donor else None)
             return x, tuple(handed)
 
-        x, handed = jax.lax.scan(trip, x, (tuple(step.state for step in steps), tuple(ples)))
+        x, handed = jax.lax.scan(runner.wrap_trip(trip), x,
+                                 (tuple(step.state for step in steps), tuple(ples)))
         for j, kvs in enumerate(handed):
             for k in range(stack.repeats):
                 if stack.layer(k, j) in donors:
