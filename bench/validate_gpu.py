@@ -44,8 +44,8 @@ from pathlib import Path
 GIB = 1024**3
 # Every built-in strategy, those a user most needs measured first (a run stopped by
 # --budget still returns them).
-ALL = ("checkpoint,scan-checkpoint,scan-layers,unrolled,offload,scan-layers-offload,minimal,"
-       "dots-no-batch,offload-mlp,scan-offload")
+ALL = ("checkpoint,scan-checkpoint,scan-layers,scan-periods,unrolled,offload,scan-layers-offload,"
+       "minimal,dots-no-batch,offload-mlp,scan-offload")
 ROOT = Path(__file__).resolve().parent.parent
 
 
