@@ -148,20 +148,20 @@ def test_offload_inside_a_scan_of_several_trips_reaches_host_memory():
 
 
 def test_scan_periods_keeps_one_input_per_trip_for_part_of_a_second_forward():
-    r = tpu_results()
-    job = tpu_jobs()["scan-periods"]
-    (sl, _), (sp, sp_hlo) = r["scan-layers"], r["scan-periods"]
-    assert sp.ok and _layer_loop_count(sp_hlo) == _layer_loop_count(r["scan-layers"][1])
+    r, jobs = tpu_results(), tpu_jobs()
+    (sl, sl_hlo), (sp, sp_hlo) = r["scan-layers"], r["scan-periods"]
+    assert sp.ok and _layer_loop_count(sp_hlo) == _layer_loop_count(sl_hlo)
     # Between the passes each of the 4 trips keeps its input instead of each of the 8
     # layers; the backward pass of a trip holds its 2 layers' inputs again. At this size
     # that leaves the peak lower by more than one hidden state (measured: 918,464 bytes
     # lower with libtpu 0.0.50, against 524,288 for one bf16 [2, 1024, 128]).
-    hidden_state = job.shapes.batch_per_device * job.shapes.seq_len * STACKED.width * 2
+    shapes = jobs["scan-periods"].shapes
+    hidden_state = shapes.batch_per_device * shapes.seq_len * STACKED.width * 2
     assert sl.peak_bytes - sp.peak_bytes >= hidden_state
     # Recomputing a trip's forward reruns every layer of it but the last, whose output the
     # backward pass does not need: here the sliding layer of each (sliding, global) trip,
     # which costs less than the global one (measured: +39.2 GFLOPs against +98.0 GFLOPs
     # for a whole forward of the layers, the difference between scan-layers and unrolled).
-    unrolled = trace_job(dataclasses.replace(tpu_jobs()["checkpoint"], strategy=load_catalogue()["unrolled"]))
+    unrolled = trace_job(dataclasses.replace(jobs["checkpoint"], strategy=load_catalogue()["unrolled"]))
     whole_forward = sl.matmul_flops - unrolled
     assert 0 < sp.matmul_flops - sl.matmul_flops < whole_forward / 2
