@@ -29,11 +29,14 @@ the peak accordingly (render/explain.py).
 
 Host memory (memory space 5, where offload puts bytes; the TPU dump's memory report calls
 it ``cmem``, but its allocations add up to ``host_temp_size_in_bytes`` to the byte, 153.75
-GiB for E4B ``offload-mlp``) is swept like HBM, apart from it:
-the most host bytes live at once, those live at the HBM peak, and the most HBM + host
-bytes live at one point. They size the host side of an offload strategy, and they show
-what XLA's own ``peak_memory_in_bytes`` is not under heavy offload (E4B ``offload-mlp``:
-neither the HBM live nor HBM + host).
+GiB for E4B ``offload-mlp``; not so for a scan of several trips, below) is swept like HBM,
+apart from it: the most host bytes live at once and the buffers live there, those live at
+the HBM peak, and the most HBM + host bytes live at one point. They size the host side of
+an offload strategy, and they show what XLA's own ``peak_memory_in_bytes`` is not under
+heavy offload (E4B ``offload-mlp``: neither the HBM live nor HBM + host). For
+``scan-layers-offload`` libtpu's host temp exceeds every host allocation (full-size E2B at
+8192 x 1: 1,258,291,200 B against 880,803,840, which is exactly the 35 layer inputs), so
+the host allocations are kept too (``host_heap_bytes``).
 
 A buffer is named after the HLO instruction that defines it. Its shape comes from the
 optimized HLO; the JAX op name in the instruction's metadata says the rest: the model's
@@ -114,6 +117,12 @@ class Explanation:
     host_live_bytes: int | None = None  # host bytes live at the HBM peak (peak_time)
     combined_peak_bytes: int | None = None  # the most HBM + host bytes live at one point
     host_curve: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (position, host bytes live), sampled; empty without host bytes
+    # The host buffers live at host_peak_time, largest first (the first offloaded first among
+    # equals), named as the HBM ones; and the host allocations the buffer assignment makes
+    # (not arguments or outputs), to set beside memory_analysis()'s host temp. None in
+    # answers stored before memprobe read them.
+    host_buffers: list[Buffer] | None = None
+    host_heap_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -126,9 +135,13 @@ class Explanation:
         # Answers stored before op names were unescaped (cache entries, saved JSON) read
         # the same as fresh ones: an op name holds no backslash once unescaped, so unescaping
         # it again changes nothing.
-        buffers = [Buffer(**{**b, "op_name": unescape(b["op_name"])}) for b in d["buffers"]]
-        return cls(**{**d, "buffers": buffers, "curve": [tuple(p) for p in d["curve"]],
-                      "host_curve": [tuple(p) for p in d.get("host_curve", ())]})
+        def buffers(listing):
+            return [Buffer(**{**b, "op_name": unescape(b["op_name"])}) for b in listing]
+
+        host = d.get("host_buffers")
+        return cls(**{**d, "buffers": buffers(d["buffers"]), "curve": [tuple(p) for p in d["curve"]],
+                      "host_curve": [tuple(p) for p in d.get("host_curve", ())],
+                      "host_buffers": None if host is None else buffers(host)})
 
 
 # --- the optimized HLO: instruction -> shape, op name, first operand --------------------
@@ -257,6 +270,7 @@ class Assignment:
     fixed_bytes: int  # other HBM allocations that are neither arguments nor outputs (constants, ...)
     onchip_bytes: int  # allocations in the other device memory spaces (VMEM, SMEM, ...)
     host_slots: dict[str, Slot] = dataclasses.field(default_factory=dict)  # host memory value -> place
+    host_heap_bytes: int = 0  # host memory (space 5) allocations that are neither arguments nor outputs
 
 
 def parse_assignment(text: str) -> Assignment:
@@ -276,6 +290,8 @@ def parse_assignment(text: str) -> Assignment:
                 out.heap_bytes += size
             elif color == 0 and not argument_or_output:
                 out.fixed_bytes += size
+            elif color == HOST_SPACE and not argument_or_output:
+                out.host_heap_bytes += size
             elif color not in (0, HOST_SPACE) and not argument_or_output:
                 out.onchip_bytes += size
             continue
@@ -406,8 +422,11 @@ def explain_dump(dump_dir: Path) -> Explanation:
     slots = placed.slots
     hlo = parse_hlo(one("after_optimizations.txt"))
     walk = sweep(ranges, slots, length)
-    host = sweep(ranges, placed.host_slots, length).live  # one entry per position, as walk.live
+    host_walk = sweep(ranges, placed.host_slots, length)
+    host = host_walk.live  # one entry per position, as walk.live
     buffers = sorted((name_buffer(v, slots[v].size, hlo) for v in walk.peak_values), key=lambda b: -b.bytes)
+    host_buffers = [name_buffer(v, placed.host_slots[v].size, hlo)
+                    for v in sorted(host_walk.peak_values, key=lambda v: (-placed.host_slots[v].size, ranges[v][0]))]
     host_peak = max(host)
     return Explanation(peak_time=walk.peak_time, program_length=length,
                        peak_live_bytes=sum(b.bytes for b in buffers), heap_bytes=placed.heap_bytes,
@@ -417,7 +436,8 @@ def explain_dump(dump_dir: Path) -> Explanation:
                        host_peak_live_bytes=host_peak, host_peak_time=host.index(host_peak),
                        host_live_bytes=host[walk.peak_time],
                        combined_peak_bytes=max(map(sum, zip(walk.live, host, strict=True))),
-                       host_curve=_sample(host) if host_peak else [])
+                       host_curve=_sample(host) if host_peak else [],
+                       host_buffers=host_buffers if host_peak else [], host_heap_bytes=placed.host_heap_bytes)
 
 
 def diff(a: Explanation, b: Explanation) -> list[dict[str, Any]]:

@@ -54,6 +54,10 @@ def test_offload_reaches_pinned_host_on_gpu():
     # its host peak is the compiler's host temp to the byte.
     e = r["offload explained"]
     assert e["host_peak_live_bytes"] == r["offload"].host_temp_bytes > 0
+    # The buffer assignment allocates that much there, and the listing names it all.
+    assert e["host_heap_bytes"] == r["offload"].host_temp_bytes
+    assert sum(b["bytes"] for b in e["host_buffers"]) == e["host_peak_live_bytes"]
+    assert r["checkpoint explained"]["host_buffers"] == []
     assert r["checkpoint explained"]["host_peak_live_bytes"] == 0
 
 

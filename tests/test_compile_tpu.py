@@ -101,6 +101,16 @@ def test_explain_sizes_the_offloaded_bytes_in_host_memory():
     assert e["host_live_bytes"] <= e["host_peak_live_bytes"]
     assert max(e["peak_live_bytes"], e["host_peak_live_bytes"]) <= e["combined_peak_bytes"] \
         <= e["peak_live_bytes"] + e["host_peak_live_bytes"]
+    # The buffer assignment allocates exactly that much in host memory, and the listing
+    # names it: one hidden state per layer, the input each layer's checkpoint offloads.
+    assert e["host_heap_bytes"] == m.host_temp_bytes
+    job = jobs_for("tiny-e2b", resolve_target("v5p", 4), seq=1024, batch=2, strategies=("offload",))["offload"]
+    cfg, shapes = job.model, job.shapes
+    hidden = f"bf16[{shapes.batch_per_device},{shapes.seq_len},{cfg.width}]"
+    assert [b["shape"] for b in e["host_buffers"]] == [hidden] * cfg.num_layers
+    assert sum(b["bytes"] for b in e["host_buffers"]) == e["host_peak_live_bytes"]
+    layers = [b["layer"] for b in e["host_buffers"] if b["layer"] is not None]
+    assert len(set(layers)) == len(layers) and all(0 <= n < cfg.num_layers for n in layers)
 
 
 def test_offload_inside_a_kept_one_trip_loop_is_inert_and_collapses():

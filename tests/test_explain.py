@@ -10,8 +10,10 @@ import pytest
 
 from memprobe.explain import (Buffer, Explanation, diff, explain_dump, name_buffer, parse_assignment,
                               parse_hlo, parse_live_range, sweep)
+from memprobe.cli.explain import ExplainFormat
+from memprobe.cli.explain import _write as write_answers
 from memprobe.measure import Measurement
-from memprobe.render.explain import curve_png, diff_notes, explain_notes
+from memprobe.render.explain import curve_png, diff_notes, explain_notes, host_frame, host_notes
 from memprobe.model import PRESETS
 
 HLO = """ENTRY %main (param.1: f32[4,8]) -> f32[4,8] {
@@ -99,7 +101,7 @@ def test_hbm_live_bytes_leave_out_other_memory_spaces_and_count_a_shared_address
     assert (walk.peak_time, sorted(walk.peak_values)) == (3, ["fusion.7{0}", "fusion.7{1}", "param.1{}"])
     assert walk.heap_top == 768  # the highest heap address in use: offset 512 + 256
     # Host memory (offload) is read apart from HBM, the same way.
-    assert list(placed.host_slots) == ["host.8{}"]
+    assert list(placed.host_slots) == ["host.8{}"] and placed.host_heap_bytes == 2048
     assert sweep(ranges, placed.host_slots, length).live == [0, 0] + [2048] * 5 + [0] * 4
 
 
@@ -119,6 +121,21 @@ def test_explain_dump_sizes_host_memory_beside_hbm(tmp_path):
     [note] = [n for n in explain_notes(m, e) if n.startswith("Host memory")]
     assert "at most 0.00 MiB (2,048 bytes) live (instruction 2)" in note
     assert "together at most 0.00 MiB (2,560 bytes)" in note
+    # What sits in host memory is listed apart, named as in HBM, beside the host temp:
+    # all of it placed here; what the buffer assignment allocates nowhere is said.
+    assert [(b.value, b.bytes, b.shape) for b in e.host_buffers] == [("host.8{}", 2048, "")]
+    assert e.host_heap_bytes == 2048
+    frame, more = host_frame(e, 5)
+    assert frame["% of host live"].tolist() == ["100.0%"] and not more
+    placed = "the buffer assignment allocates 0.00 MiB (2,048 bytes) in host memory, all of it placed."
+    assert placed in host_notes(m, e)[-1]
+    larger = dataclasses.replace(m, host_temp_bytes=3072)
+    assert "1,024 bytes) of it the buffer assignment places nowhere." in host_notes(larger, e)[-1]
+    out = tmp_path / "explain.md"
+    write_answers([(m, e)], ExplainFormat.MARKDOWN, out, None, 5)
+    sections = out.read_text().split("## ")[1:]
+    assert [x.split(":")[0] for x in sections] == ["Live at the peak", "In host memory where the most is live"]
+    assert "| 2,048 " in sections[1] and "all of it placed" in sections[1]
     # A diff gives the host side apart from the HBM split.
     none = dataclasses.replace(e, host_peak_live_bytes=0, host_live_bytes=0, combined_peak_bytes=512)
     checkpoint = dataclasses.replace(m, strategy="checkpoint", host_temp_bytes=0)
@@ -127,7 +144,8 @@ def test_explain_dump_sizes_host_memory_beside_hbm(tmp_path):
     assert not [n for n in diff_notes((checkpoint, none), (checkpoint, none)) if n.startswith("Host")]
     # An answer stored before memprobe read host memory loads without it, and says nothing of it.
     old = Explanation.from_dict({k: v for k, v in e.to_dict().items() if not k.startswith(("host", "combined"))})
-    assert old.host_peak_live_bytes is None and old.host_curve == []
+    assert old.host_peak_live_bytes is None and old.host_curve == [] and old.host_buffers is None
+    assert Explanation.from_dict(e.to_dict()) == e  # a fresh answer reads back whole
     assert not [n for n in explain_notes(m, old) if n.startswith("Host memory")]
     # The chart draws the host curve where there is one, and only then.
     with_host, without = curve_png([(m, e)]), curve_png([(m, old)])

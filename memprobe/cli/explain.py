@@ -137,6 +137,9 @@ def _write(answers, fmt: ExplainFormat, output: Path | None, chart: Path | None,
         for m, e in answers:
             frame, more = r.buffers_frame(m, e, top)
             sections.append((frame, r.heading(m), more, r.explain_notes(m, e, command)))
+            if e.host_buffers:  # offload: what sits in host memory, apart from HBM
+                frame, more = r.host_frame(e, top)
+                sections.append((frame, r.host_heading(m), more, r.host_notes(m, e)))
         for frame, heading, more, notes in sections:
             if fmt is ExplainFormat.MARKDOWN:
                 r.render_markdown(frame, heading, more, notes, file)

@@ -13,7 +13,7 @@ from typing import IO, Any
 
 import pandas as pd
 
-from memprobe.explain import Explanation
+from memprobe.explain import Buffer, Explanation
 from memprobe.measure import GIB, Measurement
 from memprobe.render.frame import fmt, title, versions_line
 
@@ -26,11 +26,21 @@ def _size(n: int) -> str:
 
 def buffers_frame(m: Measurement, e: Explanation, top: int) -> tuple[pd.DataFrame, str]:
     """The ``top`` largest buffers live at the peak, and a line for the rest."""
+    return _listing(e.buffers, m.peak_bytes, "% of peak", top)
+
+
+def host_frame(e: Explanation, top: int) -> tuple[pd.DataFrame, str]:
+    """The ``top`` largest host-memory buffers live where the most host bytes are, and a line
+    for the rest; shares are of those bytes."""
+    return _listing(e.host_buffers or [], e.host_peak_live_bytes or 0, "% of host live", top)
+
+
+def _listing(buffers: list[Buffer], whole: int, share: str, top: int) -> tuple[pd.DataFrame, str]:
     rows = [{"#": i + 1, "size": _size(b.bytes), "bytes": f"{b.bytes:,}",
-             "% of peak": fmt(100 * b.bytes / m.peak_bytes, ".1f", "%"), "shape": b.shape or "?",
+             share: fmt(100 * b.bytes / whole, ".1f", "%") if whole else "-", "shape": b.shape or "?",
              "what": b.label, "layer": b.layer_label, "HLO value": b.value}
-            for i, b in enumerate(e.buffers[:top])]
-    rest = e.buffers[top:]
+            for i, b in enumerate(buffers[:top])]
+    rest = buffers[top:]
     rest_bytes = sum(b.bytes for b in rest)
     more = f"{len(rest)} more buffers, {_size(rest_bytes)} ({rest_bytes:,} bytes)" if rest else ""
     return pd.DataFrame(rows), more
@@ -84,6 +94,35 @@ def _host_note(e: Explanation) -> list[str]:
     return [f"Host memory (memory space 5, offload): at most {_amount(e.host_peak_live_bytes)} live "
             f"(instruction {e.host_peak_time:,}), {_amount(e.host_live_bytes)} at the busiest point of HBM; "
             f"HBM and host together at most {_amount(e.combined_peak_bytes)} live at one point."]
+
+
+def _host_heap_note(m: Measurement, e: Explanation) -> list[str]:
+    """What the buffer assignment allocates in host memory beside memory_analysis()'s host
+    temp: equal on the offload programs of per-layer loops; a scan of several trips
+    (scan-layers-offload) reports more host temp than any allocation holds."""
+    if e.host_heap_bytes is None:
+        return []
+    unplaced = m.host_temp_bytes - e.host_heap_bytes
+    rest = (f"{_amount(unplaced)} of it the buffer assignment places nowhere" if unplaced
+            else "all of it placed")
+    return [f"Host temp (memory_analysis(), what the host bytes column counts): {_amount(m.host_temp_bytes)}; "
+            f"the buffer assignment allocates {_amount(e.host_heap_bytes)} in host memory, {rest}."]
+
+
+def host_heading(m: Measurement) -> str:
+    return f"In host memory where the most is live: {m.strategy}, {title(m)}"
+
+
+def host_notes(m: Measurement, e: Explanation) -> list[str]:
+    return [f"Buffers in host memory (memory space 5, where offload puts them) live at instruction "
+            f"{e.host_peak_time:,} of {e.program_length:,}, where the most host bytes are: "
+            f"{len(e.host_buffers or []):,} buffers, {_amount(e.host_peak_live_bytes or 0)}. Each is named, as in HBM, "
+            "after the instruction that defines the bytes copied out: XLA fuses a layer's input with the first "
+            "work of the layer that reads it, so an offloaded layer input mostly carries that layer's number "
+            "(layer 0's: the embedding's scaling). A scan's stacked residuals (first dimension: the stack's trips) "
+            "are named after the loop that writes them (while), the buffer set aside for them before it "
+            "(custom-call) or a dynamic-update-slice.",
+            *_host_heap_note(m, e)]
 
 
 def _host_diff_note(a: tuple[Measurement, Explanation], b: tuple[Measurement, Explanation]) -> list[str]:
