@@ -131,6 +131,8 @@ def test_explain_dump_sizes_host_memory_beside_hbm(tmp_path):
     assert placed in host_notes(m, e)[-1]
     larger = dataclasses.replace(m, host_temp_bytes=3072)
     assert "1,024 bytes) of it the buffer assignment places nowhere." in host_notes(larger, e)[-1]
+    smaller = dataclasses.replace(m, host_temp_bytes=1024)
+    assert "1,024 bytes) more than the host temp." in host_notes(smaller, e)[-1]
     out = tmp_path / "explain.md"
     write_answers([(m, e)], ExplainFormat.MARKDOWN, out, None, 5)
     sections = out.read_text().split("## ")[1:]

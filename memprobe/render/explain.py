@@ -1,9 +1,11 @@
-"""`memprobe explain` output: the buffers live at the peak, a two-strategy diff, the heap curve.
+"""`memprobe explain` output: the buffers live at the peak, those in host memory (offload), a
+two-strategy diff, the heap curve.
 
-Every format is built from the same frames (``buffers_frame``, ``diff_frame``) and notes;
-the notes split the peak into the buffers live at HBM's busiest point and the four things
-that are not (heap gaps, on-chip memory, temp placed nowhere, arguments not live there). The
-chart draws the sampled curves with the peak marked.
+Every format is built from the same frames (``buffers_frame``, ``host_frame``,
+``diff_frame``) and notes; the notes split the peak into the buffers live at HBM's busiest
+point and the four things that are not (heap gaps, on-chip memory, temp placed nowhere,
+arguments not live there), and set the host allocations beside the host temp. The chart
+draws the sampled curves with the peak marked.
 """
 
 from __future__ import annotations
@@ -103,8 +105,8 @@ def _host_heap_note(m: Measurement, e: Explanation) -> list[str]:
     if e.host_heap_bytes is None:
         return []
     unplaced = m.host_temp_bytes - e.host_heap_bytes
-    rest = (f"{_amount(unplaced)} of it the buffer assignment places nowhere" if unplaced
-            else "all of it placed")
+    rest = (f"{_amount(unplaced)} of it the buffer assignment places nowhere" if unplaced > 0
+            else f"{_amount(-unplaced)} more than the host temp" if unplaced < 0 else "all of it placed")
     return [f"Host temp (memory_analysis(), what the host bytes column counts): {_amount(m.host_temp_bytes)}; "
             f"the buffer assignment allocates {_amount(e.host_heap_bytes)} in host memory, {rest}."]
 
