@@ -60,7 +60,8 @@ def explain(
         "--chart", help="Also save a PNG of the bytes live over program order, the peak marked.")] = None,
 ) -> int:
     """List what is live at the peak: shape, size, share of the peak and the model tensor of each
-    buffer, from the compiler's own buffer assignment and live ranges.
+    buffer, from the compiler's own buffer assignment and live ranges; for offload strategies
+    also what sits in host memory where the most is.
 
     Compiles with the compiler's dump files on, as long as a `compare` compile; the answer is kept in the results cache.
     """
