@@ -437,7 +437,7 @@ def explain_dump(dump_dir: Path) -> Explanation:
                        host_live_bytes=host[walk.peak_time],
                        combined_peak_bytes=max(map(sum, zip(walk.live, host, strict=True))),
                        host_curve=_sample(host) if host_peak else [],
-                       host_buffers=host_buffers if host_peak else [], host_heap_bytes=placed.host_heap_bytes)
+                       host_buffers=host_buffers, host_heap_bytes=placed.host_heap_bytes)
 
 
 def diff(a: Explanation, b: Explanation) -> list[dict[str, Any]]:

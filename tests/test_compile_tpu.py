@@ -17,13 +17,18 @@ TPU_STRATEGIES = (*DEFAULT_STRATEGIES, "scan-offload")
 
 
 @functools.cache
+def tpu_jobs():
+    """The four families and scan-offload on a 4-device v5p, tiny E2B-shaped model."""
+    return jobs_for("tiny-e2b", resolve_target("v5p", 4), seq=1024, batch=2, strategies=TPU_STRATEGIES)
+
+
+@functools.cache
 def tpu_results():
-    """The four families and scan-offload on a 4-device v5p, tiny E2B-shaped model:
-    compiled once per session, each as (measurement, optimized HLO); offload with the dump
-    files on instead, as (measurement, explain's answer), since no test reads its HLO."""
-    jobs = jobs_for("tiny-e2b", resolve_target("v5p", 4), seq=1024, batch=2, strategies=TPU_STRATEGIES)
+    """``tpu_jobs()`` compiled once per session, each as (measurement, optimized HLO); offload
+    with the dump files on instead, as (measurement, explain's answer), since no test reads
+    its HLO."""
     return {name: explain_job(job) if name == "offload" else compile_job(job, keep_hlo=True)
-            for name, job in jobs.items()}
+            for name, job in tpu_jobs().items()}
 
 
 @pytest.mark.parametrize("name", TPU_STRATEGIES)
@@ -80,8 +85,7 @@ def test_one_trip_loops_do_not_precompute_every_attention_mask():
 
 def test_without_the_trip_count_attribute_the_scan_is_inlined():
     s = dataclasses.replace(load_catalogue()["scan-checkpoint"], name="scan-no-attr", trip_count_one=False)
-    job = jobs_for("tiny-e2b", resolve_target("v5p", 4), seq=1024, batch=2, strategies=["checkpoint"])["checkpoint"]
-    m = compile_job(dataclasses.replace(job, strategy=s))
+    m = compile_job(dataclasses.replace(tpu_jobs()["checkpoint"], strategy=s))
     kept = tpu_results()["scan-checkpoint"][0]
     assert m.while_loops < kept.while_loops
 
@@ -104,7 +108,7 @@ def test_explain_sizes_the_offloaded_bytes_in_host_memory():
     # The buffer assignment allocates exactly that much in host memory, and the listing
     # names it: one hidden state per layer, the input each layer's checkpoint offloads.
     assert e["host_heap_bytes"] == m.host_temp_bytes
-    job = jobs_for("tiny-e2b", resolve_target("v5p", 4), seq=1024, batch=2, strategies=("offload",))["offload"]
+    job = tpu_jobs()["offload"]
     cfg, shapes = job.model, job.shapes
     hidden = f"bf16[{shapes.batch_per_device},{shapes.seq_len},{cfg.width}]"
     assert [b["shape"] for b in e["host_buffers"]] == [hidden] * cfg.num_layers

@@ -115,6 +115,11 @@ def tpu_results():
             for name, job in tpu_jobs().items()}
 
 
+def _hidden_state_bytes(shapes) -> int:
+    """One bf16 hidden state of the stacked model, [batch, seq, width], per device."""
+    return shapes.batch_per_device * shapes.seq_len * STACKED.width * 2
+
+
 def _layer_loop_count(hlo: str) -> int:
     """Loops of the train step's own scans (the layer stacks, the loss chunks), forward and
     backward; loops inside a layer (attention's block loops) are named after the layer."""
@@ -156,7 +161,7 @@ def test_a_scan_of_several_trips_holds_more_host_memory_than_its_layer_inputs():
     m, e = tpu_results()["scan-layers-offload"]
     shapes = tpu_jobs()["scan-layers-offload"].shapes
     row = f"{shapes.batch_per_device},{shapes.seq_len},{STACKED.width}]"
-    hidden_state = shapes.batch_per_device * shapes.seq_len * STACKED.width * 2
+    hidden_state = _hidden_state_bytes(shapes)
     stacks = STACKED.layer_layout()
     stacked = [b for b in e["host_buffers"] if b["shape"] == f"bf16[{stacks[0].repeats},{row}"]
     assert sum(b["bytes"] for b in stacked) == STACKED.num_layers * hidden_state  # all 8 layer inputs
@@ -180,7 +185,7 @@ def test_scan_periods_keeps_one_input_per_trip_for_part_of_a_second_forward():
     # that leaves the peak lower by more than one hidden state (measured: 918,464 bytes
     # lower with libtpu 0.0.50, against 524,288 for one bf16 [2, 1024, 128]).
     shapes = jobs["scan-periods"].shapes
-    hidden_state = shapes.batch_per_device * shapes.seq_len * STACKED.width * 2
+    hidden_state = _hidden_state_bytes(shapes)
     assert sl.peak_bytes - sp.peak_bytes >= hidden_state
     # Recomputing a trip's forward reruns every layer of it but the last, whose output the
     # backward pass does not need: here the sliding layer of each (sliding, global) trip,
