@@ -17,11 +17,12 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from memprobe.errors import BadInput
 from memprobe.measure import Measurement
@@ -32,6 +33,12 @@ if TYPE_CHECKING:
     from memprobe.cache import ResultCache
 
 DEFAULT_TIMEOUT_S = 3600.0
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+class Stopped(Exception):
+    """A compile given up because the run is being interrupted; it leaves no record."""
 
 
 def compile_environment(target: Target, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -172,8 +179,24 @@ def explain_job(job: CompileJob) -> tuple[Measurement, dict]:
         return m, explain_dump(Path(dump)).to_dict()
 
 
-def _worker_main(job_path: str, result_path: str, mode: str = "compile") -> int:
+def _exit_with_parent(parent: int) -> None:
+    """Ends this compile process within a second of memprobe's (pid ``parent``) own end,
+    however that came (``kill -9``, the out-of-memory killer): the compile runs in a session
+    of its own, so nothing else would stop it, and an orphaned full-size compile holds
+    gigabytes for minutes. The pid comes from memprobe, since it may be gone already."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="memprobe-parent-watch", daemon=True).start()
+
+
+def _worker_main(job_path: str, result_path: str, mode: str = "compile", parent: str | None = None) -> int:
     """Entry point of a compile process (``python -m memprobe.compile``): one job, one reply."""
+    if parent:
+        _exit_with_parent(int(parent))
     with open(job_path, "rb") as f:
         job = pickle.load(f)
     try:
@@ -251,13 +274,13 @@ def default_host_cap() -> int | None:
 
 def compile_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
                      tick: Callable[[float], None] | None = None,
-                     max_host_bytes: int | None = None) -> Measurement:
+                     max_host_bytes: int | None = None, stop: threading.Event | None = None) -> Measurement:
     """Compiles ``job`` in a fresh Python process; every way it can fail becomes a failed record.
 
     The child's stdout and stderr (libtpu's start-up warnings, XLA's logs) go to a log
     file that only serves to explain a failure.
     """
-    reply = _isolated(job, "compile", timeout_s, tick, max_host_bytes)
+    reply = _isolated(job, "compile", timeout_s, tick, max_host_bytes, stop)
     if isinstance(reply, str):
         return failed_record(job, reply)
     m = Measurement.from_dict(reply["measurement"])
@@ -266,18 +289,19 @@ def compile_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
 
 def trace_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
                    tick: Callable[[float], None] | None = None,
-                   max_host_bytes: int | None = None) -> int | None:
+                   max_host_bytes: int | None = None, stop: threading.Event | None = None) -> int | None:
     """``trace_job`` in a fresh process; None when it fails (the figure stays unknown)."""
-    reply = _isolated(job, "trace", timeout_s, tick, max_host_bytes)
+    reply = _isolated(job, "trace", timeout_s, tick, max_host_bytes, stop)
     return None if isinstance(reply, str) else reply["matmul_flops"]
 
 
 def explain_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
                      tick: Callable[[float], None] | None = None,
-                     max_host_bytes: int | None = None) -> tuple[Measurement, dict | None]:
+                     max_host_bytes: int | None = None,
+                     stop: threading.Event | None = None) -> tuple[Measurement, dict | None]:
     """``explain_job`` in a fresh process: the measurement and the explanation (None when the
     compile failed: the measurement says why)."""
-    reply = _isolated(job, "explain", timeout_s, tick, max_host_bytes)
+    reply = _isolated(job, "explain", timeout_s, tick, max_host_bytes, stop)
     if isinstance(reply, str):
         return failed_record(job, reply), None
     m = Measurement.from_dict(reply["measurement"])
@@ -285,21 +309,28 @@ def explain_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
 
 
 def _isolated(job: CompileJob, mode: str, timeout_s: float, tick: Callable[[float], None] | None,
-              max_host_bytes: int | None) -> dict | str:
-    """Runs the worker in ``mode``: its reply (with ``seconds``), or why it failed in one line."""
+              max_host_bytes: int | None, stop: threading.Event | None = None) -> dict | str:
+    """Runs the worker in ``mode``: its reply (with ``seconds``), or why it failed in one line.
+
+    Raises ``Stopped`` (the process killed) once ``stop`` is set.
+    """
+    if stop is not None and stop.is_set():
+        raise Stopped
     with tempfile.TemporaryDirectory(prefix="memprobe-") as tmp:
         job_path, result_path, log_path = (os.path.join(tmp, n) for n in ("job.pkl", "result.json", "compile.log"))
         with open(job_path, "wb") as f:
             pickle.dump(job, f)
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "memprobe.compile", job_path, result_path, mode],
+                [sys.executable, "-m", "memprobe.compile", job_path, result_path, mode, str(os.getpid())],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=compile_environment(job.target), start_new_session=True,
             )
             start = time.monotonic()
             try:
                 while proc.poll() is None:
+                    if stop is not None and stop.is_set():
+                        raise Stopped  # the finally below kills the process
                     elapsed = time.monotonic() - start
                     if tick:
                         tick(elapsed)
@@ -317,7 +348,7 @@ def _isolated(job: CompileJob, mode: str, timeout_s: float, tick: Callable[[floa
                     except subprocess.TimeoutExpired:
                         pass
             finally:
-                if proc.poll() is None:  # interrupted: leave no compile running
+                if proc.poll() is None:  # interrupted or stopped: leave no compile running
                     proc.kill()
                     proc.wait()
         if os.path.exists(result_path):
@@ -372,12 +403,12 @@ def compile_jobs(jobs: list[CompileJob], *, timeout_s: float = DEFAULT_TIMEOUT_S
             elif on_event:
                 on_event(i, "cached", 0.0)
 
-    def run(i: int) -> Measurement:
+    def run(i: int, stop: threading.Event | None = None) -> Measurement:
         if i in untraced:
             if on_event:
                 on_event(i, "tracing", 0.0)
             tick = (lambda e: on_event(i, "tracing", e)) if on_event else None
-            flops = trace_isolated(jobs[i], timeout_s, tick, max_host_bytes)
+            flops = trace_isolated(jobs[i], timeout_s, tick, max_host_bytes, stop)
             if flops is not None:
                 answered[i] = dataclasses.replace(answered[i], matmul_flops=flops)
                 cache.put(jobs[i], compile_environment(jobs[i].target), answered[i])
@@ -388,7 +419,7 @@ def compile_jobs(jobs: list[CompileJob], *, timeout_s: float = DEFAULT_TIMEOUT_S
         if on_event:
             on_event(i, "compiling", 0.0)
         tick = (lambda e: on_event(i, "compiling", e)) if on_event else None
-        m = compile_isolated(jobs[i], timeout_s, tick, max_host_bytes)
+        m = compile_isolated(jobs[i], timeout_s, tick, max_host_bytes, stop)
         if cache is not None:
             cache.put(jobs[i], compile_environment(jobs[i].target), m)
         if on_event:
@@ -397,9 +428,27 @@ def compile_jobs(jobs: list[CompileJob], *, timeout_s: float = DEFAULT_TIMEOUT_S
 
     if parallel <= 1 or len(jobs) - len(answered) + len(untraced) <= 1:
         return [run(i) for i in range(len(jobs))]
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        return list(pool.map(run, range(len(jobs))))
+    return map_stoppable(run, range(len(jobs)), parallel)
+
+
+def map_stoppable(fn: Callable[[_T, threading.Event], _R], items: Iterable[_T], parallel: int) -> list[_R]:
+    """``fn(item, stop)`` for each item, ``parallel`` threads at a time; results keep the order.
+
+    When the calling thread is interrupted (Ctrl-C; SIGTERM through the CLI), ``stop`` is
+    set: every compile still running is killed within a quarter of a second and the
+    interrupt goes on, rather than waiting minutes for the compiles to end. An item that
+    fails does not stop the others: their results still reach the cache.
+    """
+    stop = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=parallel)
+    try:
+        return list(pool.map(lambda item: fn(item, stop), items))
+    except (KeyboardInterrupt, SystemExit):
+        stop.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 if __name__ == "__main__":
-    sys.exit(_worker_main(*sys.argv[1:4]))
+    sys.exit(_worker_main(*sys.argv[1:5]))

@@ -2,9 +2,13 @@
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from conftest import jobs_for
 from memprobe.compile import compile_jobs
@@ -12,8 +16,9 @@ from memprobe.targets import resolve_target
 from test_cli import memprobe
 
 
-def _compile_children() -> list[int]:
-    """This process's compile workers (``python -m memprobe.compile ...``)."""
+def _compile_children(parent: int | None = None) -> list[int]:
+    """The compile workers (``python -m memprobe.compile ...``) of ``parent`` (this process)."""
+    parent = os.getpid() if parent is None else parent
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -24,7 +29,7 @@ def _compile_children() -> list[int]:
         except OSError:
             continue
         ppid = next(int(l.split()[1]) for l in status.splitlines() if l.startswith("PPid:"))
-        if ppid == os.getpid() and "memprobe.compile" in cmdline:
+        if ppid == parent and "memprobe.compile" in cmdline:
             found.append(int(proc.name))
     return found
 
@@ -60,3 +65,54 @@ def test_host_memory_cap_fails_the_row_and_exit_1():
                  "--strategies", "unrolled", "--no-cache", "--max-host-memory", "200MiB")
     assert r.returncode == 1
     assert "unrolled failed: used more than 0.20 GiB of host memory (the --max-host-memory cap)" in r.stdout
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has stopped running
+
+
+def _start_two_compiles() -> tuple[subprocess.Popen, list[int]]:
+    """``memprobe compare`` compiling two strategies at once, and its two compile workers."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memprobe", "compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256",
+         "--batch", "1", "--strategies", "unrolled,checkpoint", "--jobs", "2", "--no-cache"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(children := _compile_children(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(children) == 2, "the two compile workers did not start"
+    return proc, children
+
+
+def _gone_within(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(_running(p) for p in pids)
+
+
+@pytest.mark.parametrize(("sig", "code", "said"), [(signal.SIGINT, 130, "memprobe: interrupted"),
+                                                   (signal.SIGTERM, 143, "memprobe: terminated")])
+def test_an_interrupt_stops_the_compiles_running_in_parallel(sig, code, said):
+    # Ctrl-C, or SIGTERM from `timeout` or a cancelled CI job, while two compiles run at once:
+    # memprobe must end at once and take its compiles with it, not wait for them to finish.
+    proc, children = _start_two_compiles()
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == code, stderr
+    assert stderr.strip().splitlines()[-1] == said
+    assert "Traceback" not in stderr
+    assert _gone_within(children, 5), "a compile worker outlived memprobe"
+
+
+def test_a_compile_ends_soon_after_memprobe_is_killed_outright():
+    # SIGKILL (or the out-of-memory killer) leaves memprobe no chance to clean up; each
+    # compile worker notices it has lost its parent and ends by itself.
+    proc, children = _start_two_compiles()
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert _gone_within(children, 10), "a compile worker kept running after memprobe was killed"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+
 import typer
 from typer.exceptions import Abort, Exit, TyperException
 
@@ -30,10 +33,26 @@ app.command("targets")(targets.list_targets)
 err = messages()
 
 
+_signalled: list[int] = []
+
+
+def _on_signal(signum: int, frame) -> None:
+    _signalled.append(signum)
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Runs the CLI; every error the user can act on ends as one line on stderr."""
+    """Runs the CLI; every error the user can act on ends as one line on stderr.
+
+    SIGTERM (``timeout``, ``kill``, a cancelled CI job) ends it as Ctrl-C does: with one
+    line, exit code 128 + the signal, and the compiles it started killed, not left running.
+    """
+    previous = _catch_signals()
+    _signalled.clear()
     try:
         result = app(args=argv, standalone_mode=False, prog_name="memprobe")
+        if _signalled:  # typer turned the interrupt into a plain exit code
+            return _interrupted()
         return result if isinstance(result, int) else 0
     except MemprobeError as e:
         err.print(f"memprobe: error: {e}", markup=False)
@@ -44,6 +63,26 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"memprobe: error: {e.format_message()}", markup=False)
         return e.exit_code
     except (Abort, KeyboardInterrupt):
-        err.print("memprobe: interrupted", markup=False)
-        return 130
+        return _interrupted()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
+
+def _catch_signals() -> dict[int, object]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt, noting which came; one ignored (SIGINT
+    in a shell's background job) stays ignored. Returns the handlers to put back."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if handler in (signal.SIG_DFL, signal.default_int_handler):
+            previous[sig] = signal.signal(sig, _on_signal)
+    return previous
+
+
+def _interrupted() -> int:
+    sig = _signalled[-1] if _signalled else signal.SIGINT
+    err.print("memprobe: terminated" if sig == signal.SIGTERM else "memprobe: interrupted", markup=False)
+    return 128 + sig

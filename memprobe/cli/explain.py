@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import enum
 import json
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +19,7 @@ from memprobe.compile import (
     compile_environment,
     default_parallel,
     explain_isolated,
+    map_stoppable,
 )
 from memprobe.errors import BadInput, MemprobeError
 from memprobe.explain import Explanation, diff
@@ -79,13 +80,14 @@ def explain(
     check_writable(chart, "--chart")
     jobs = plan.jobs()
     # --diff compiles both strategies at once when host memory allows two compiles.
-    with ThreadPoolExecutor(max_workers=default_parallel(len(jobs))) as pool:
-        answers = list(pool.map(lambda job: _explained(job, timeout, cap, no_cache), jobs))
+    answers = map_stoppable(lambda job, stop: _explained(job, timeout, cap, no_cache, stop), jobs,
+                            default_parallel(len(jobs)))
     _write(answers, format, output, chart, top)
     return 0
 
 
-def _explained(job, timeout: float, cap: int | None, no_cache: bool) -> tuple[Measurement, Explanation]:
+def _explained(job, timeout: float, cap: int | None, no_cache: bool,
+               stop: threading.Event | None = None) -> tuple[Measurement, Explanation]:
     from memprobe.cache import ResultCache
 
     err = messages()
@@ -105,7 +107,7 @@ def _explained(job, timeout: float, cap: int | None, no_cache: bool) -> tuple[Me
             said[0] = elapsed
             err.print(f"memprobe: {job.strategy.name}: still compiling ({elapsed / 60:.0f} min)")
 
-    m, explanation = explain_isolated(job, timeout, tick, cap)
+    m, explanation = explain_isolated(job, timeout, tick, cap, stop)
     if not m.ok or explanation is None:
         raise MemprobeError(f"{job.strategy.name}: {m.error or 'no buffer listing'}")
     err.print(f"memprobe: {job.strategy.name}: done after {time.monotonic() - started:.0f} s")
