@@ -21,9 +21,14 @@ puts in host memory) fit too; each round predicts from both lines and takes the 
 so whichever limit binds first decides.
 
 No answer comes from the line alone: it is a size that was compiled and fits, with the
-next size compiled and over (or the search limit reached). The search assumes only that a
+next size compiled and over (or the search limit reached). The search assumes that a
 larger size never needs less memory; where a compiled larger one did need less, ``dips``
-says so and the report shows it. Nothing here compiles or imports JAX; ``search`` is given
+says so and the report shows it. Where such a dip crosses the budget (a size over, a
+larger one fitting: full-size E2B ``scan-periods`` at batch 8 needs 102.44 GiB at seq
+11776 and 93.20 at 12288), the search goes on above the larger one, since it is the
+largest size known to fit, and ``over_below`` lists the smaller sizes that are over.
+Every round compiles only sizes strictly between the largest that fits and the smallest
+over above it, so no size is compiled twice and the search always ends. Nothing here compiles or imports JAX; ``search`` is given
 a function that measures a set of sizes.
 """
 
@@ -76,7 +81,13 @@ class StrategySearch:
 
     @property
     def smallest_over(self) -> int | None:
-        return min((n for n in self.peaks if self.over(n)), default=None)
+        """The smallest n compiled and over above ``largest``: the search stays between the two."""
+        return min((n for n in self.peaks if n > self.largest and self.over(n)), default=None)
+
+    @property
+    def over_below(self) -> list[int]:
+        """Compiled sizes under the answer that are over: a smaller size is not always smaller."""
+        return sorted(n for n in self.peaks if n < self.largest and self.over(n))
 
     @property
     def dips(self) -> list[tuple[int, int, str]]:
@@ -113,8 +124,9 @@ class StrategySearch:
     def _predicted(self, lo: int, hi: int | None, top: int) -> int:
         if hi is not None:
             n1, n2 = lo, hi
-        else:  # the two largest compiled, all fitting
-            n1, n2 = sorted(self.peaks)[-2:]
+        else:  # the two largest that fit (or compiled, when only one fits), every one of them at most lo
+            fitting = sorted(n for n in self.peaks if not self.over(n))
+            n1, n2 = fitting[-2:] if len(fitting) >= 2 else sorted(self.peaks)[-2:]
         limits = [(self.peaks, self.budget)]
         if self.host_budget is not None:
             limits.append((self.hosts, self.host_budget))
@@ -207,7 +219,8 @@ class FitResult:
                          "peaks": {str(s.value(n)): p for n, p in sorted(s.peaks.items())},
                          "hosts": {str(s.value(n)): h for n, h in sorted(s.hosts.items())},
                          "dips": [{a: s.value(n1), f"larger_{a}": s.value(n2), "of": what}
-                                  for n1, n2, what in s.dips]})
+                                  for n1, n2, what in s.dips],
+                         "over_below": [s.value(n) for n in s.over_below]})
         result = Result(self.measurements, command=self.command,
                         **({"created": self.created} if self.created else {})).to_json()
         return {"schema": "memprobe.fit", "schema_version": 1, "created": result["created"],

@@ -88,6 +88,52 @@ def test_a_peak_that_falls_as_the_batch_grows_is_reported_not_hidden():
     assert s.error == "seq 512: timed out" and s.compiles == 2
 
 
+def test_a_dip_across_the_budget_moves_the_search_above_it_and_it_ends():
+    # Measured: full-size E2B scan-periods at batch 8 on tpu7x-8 needs 19.15 and 22.56 GiB at
+    # seq 512 and 1024, 102.44 GiB at 11776 but 93.20 at 12288. The search once took 12288 as
+    # the answer and 11776 as "the next over" below it, and asked for the same lengths forever.
+    gib = 2**30
+    measured = {1: 19.15, 2: 22.56, 23: 102.44, 24: 93.20}
+    rounds = []
+
+    def measure(pairs):
+        rounds.append([n for _, n in pairs])
+        assert len(rounds) < 20, "the search does not end"
+        return [_record(int(measured.get(n, 93.20 + 1.6 * (n - 24)) * gib)) for _, n in pairs]
+
+    [s] = search(["s"], int(94.74 * gib), 48, measure, axis="seq", unit=512)
+    assert rounds == [[1, 2], [23, 24], [25, 26]]
+    assert (s.value(s.largest), s.value(s.smallest_over)) == (12288, 12800)
+    assert s.over_below == [23] and s.dips == [(23, 24, "peak")]
+    fit = FitResult([s], [], int(94.74 * gib), "HBM", 48, axis="seq", unit=512)
+    assert _note(fit, s) == ("over at seq 11776, below the answer; peak falls from seq 11776 to 12288 "
+                             "(102.44 > 93.20 GiB): the search assumes it never does")
+
+
+BUMPY = {  # peaks that rise and fall: the answer is still compiled on both sides, and found
+    "spikes": lambda b: 5_000 + 300 * b + (40_000 if b % 5 == 0 else 0),
+    "dips": lambda b: 5_000 + 300 * b - (3_000 if b % 4 == 0 else 0),
+    "saw": lambda b: 5_000 + 300 * b + 2_000 * (b % 9),
+}
+
+
+@pytest.mark.parametrize("curve", BUMPY)
+@pytest.mark.parametrize("budget", [5_300, 20_000, 77_777, 400_000])
+def test_on_a_bumpy_peak_the_search_ends_without_compiling_a_size_twice(curve, budget):
+    peak, sizes = BUMPY[curve], []
+
+    def measure(pairs):
+        sizes.extend(b for _, b in pairs)
+        assert len(sizes) < 100, "the search does not end"
+        return [_record(peak(b)) for _, b in pairs]
+
+    [s] = search(["s"], budget, 1024, measure)
+    assert len(sizes) == len(set(sizes))
+    assert s.largest == 0 or peak(s.largest) <= budget
+    assert s.largest == 1024 or (s.smallest_over == s.largest + 1 and peak(s.largest + 1) > budget)
+    assert all(n < s.largest and peak(n) > budget for n in s.over_below)
+
+
 def test_fit_on_cpu_answers_with_compiled_batches_on_both_sides_of_the_budget():
     budget = 100 * 2**20
     r = memprobe("fit", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--budget", "100MiB",

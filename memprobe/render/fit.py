@@ -33,6 +33,9 @@ def _note(fit: FitResult, s: StrategySearch) -> str:
         notes.append(f"over {' and '.join(s.over(1)).replace('HBM', 'the budget')} at {fit.axis} {s.value(1)}")
     elif s.largest >= s.max_n:
         notes.append(f"fits at the search limit ({NAMES[fit.axis][3]} {s.value(s.max_n)})")
+    if s.over_below:
+        below = ", ".join(str(s.value(n)) for n in s.over_below)
+        notes.append(f"over at {fit.axis} {below}, below the answer")
     for n1, n2, what in s.dips:
         values = s.peaks if what == "peak" else s.hosts
         notes.append(f"{what} falls from {fit.axis} {s.value(n1)} to {s.value(n2)} ({values[n1] / GIB:.2f} > "
