@@ -278,14 +278,19 @@ def test_a_failed_compile_ends_that_search_with_its_first_reason_and_exit_1():
     assert "memprobe: checkpoint: search stopped: batch 1: timed out" in r.stderr
 
 
-@pytest.mark.parametrize("name", ["gemma4-e2b-seq24576-tpu7x-8-fit", "gemma4-e2b-b8-tpu7x-8-seqfit"])
-def test_the_committed_full_size_fit_reports_render_again_from_their_json(name):
+@pytest.mark.parametrize(("name", "strategy"), [("gemma4-e2b-seq24576-tpu7x-8-fit", "scan-checkpoint"),
+                                              ("gemma4-e2b-b8-tpu7x-8-seqfit", "scan-checkpoint"),
+                                              ("gemma4-e2b-b8-tpu7x-8-seqfit-scan-periods", "scan-periods")])
+def test_the_committed_full_size_fit_reports_render_again_from_their_json(name, strategy):
     reports = Path(__file__).resolve().parent.parent / "reports"
     r = memprobe("report", str(reports / f"{name}.json"), "--format", "markdown")
     assert r.returncode == 0, r.stderr
     assert r.stdout == (reports / f"{name}.md").read_text()
     data = json.loads((reports / f"{name}.json").read_text())
     axis = data.get("axis", "batch")  # the batch search was saved before fit named its axis
-    [row] = [row for row in data["rows"] if row["strategy"] == "scan-checkpoint"]
+    [row] = [row for row in data["rows"] if row["strategy"] == strategy]
     assert row["peak_bytes"] <= data["budget_bytes"] < row["next_peak_bytes"]
     assert row[f"next_{axis}"] - row[f"largest_{axis}"] == (512 if axis == "seq" else 1)
+    # A length under the answer can be over (scan-periods: seq 11776), and the row says which.
+    assert all(row["peaks"][str(v)] > data["budget_bytes"] for v in row.get("over_below", []))
+    assert row.get("over_below", []) == ([11776] if strategy == "scan-periods" else [])
