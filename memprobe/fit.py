@@ -28,8 +28,8 @@ larger one fitting: full-size E2B ``scan-periods`` at batch 8 needs 102.44 GiB a
 11776 and 93.20 at 12288), the search goes on above the larger one, since it is the
 largest size known to fit, and ``over_below`` lists the smaller sizes that are over.
 Every round compiles only sizes strictly between the largest that fits and the smallest
-over above it, so no size is compiled twice and the search always ends. Nothing here compiles or imports JAX; ``search`` is given
-a function that measures a set of sizes.
+over above it, so no size is compiled twice and the search always ends. Nothing here
+compiles or imports JAX; ``search`` is given a function that measures a set of sizes.
 """
 
 from __future__ import annotations
