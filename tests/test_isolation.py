@@ -77,8 +77,12 @@ def _running(pid: int) -> bool:
 
 def _start_two_compiles() -> tuple[subprocess.Popen, list[int]]:
     """``memprobe compare`` compiling two strategies at once, and its two compile workers."""
+    # As from a terminal: SIGINT raises KeyboardInterrupt even where this test runs with it
+    # ignored (a shell's background job passes SIG_IGN on, and memprobe keeps it so).
+    start = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "sys.argv[0] = 'memprobe'; runpy.run_module('memprobe', run_name='__main__')")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "memprobe", "compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256",
+        [sys.executable, "-c", start, "compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256",
          "--batch", "1", "--strategies", "unrolled,checkpoint", "--jobs", "2", "--no-cache"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
