@@ -314,8 +314,6 @@ def _isolated(job: CompileJob, mode: str, timeout_s: float, tick: Callable[[floa
 
     Raises ``Stopped`` (the process killed) once ``stop`` is set.
     """
-    if stop is not None and stop.is_set():
-        raise Stopped
     with tempfile.TemporaryDirectory(prefix="memprobe-") as tmp:
         job_path, result_path, log_path = (os.path.join(tmp, n) for n in ("job.pkl", "result.json", "compile.log"))
         with open(job_path, "wb") as f:
