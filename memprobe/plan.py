@@ -31,10 +31,11 @@ class Shapes:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise BadInput(f"{_flag(field)} must be a positive integer, got {value!r}")
-        block = attention_block_size(self.seq_len)
+        block = attention_block_size(self.seq_len)  # the whole length when under 512: always valid
         if self.seq_len % block:
+            below = self.seq_len // block * block
             raise BadInput(f"--seq {self.seq_len} is not a multiple of the attention block "
-                           f"({block}); try {self.seq_len // block * block or block}")
+                           f"({block}); try {below} or {below + block}")
         if self.seq_len % self.loss_chunks:
             raise BadInput(f"--loss-chunks {self.loss_chunks} does not divide --seq {self.seq_len}")
 

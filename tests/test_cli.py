@@ -1,6 +1,8 @@
 """The command line end to end, as a user runs it: real compiles in isolated processes."""
 
+import csv
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -21,6 +23,13 @@ def memprobe(*args, timeout=900, env=None, cwd=None):
 
 
 def test_compare_on_cpu_prints_ranked_table():
+    # unrolled named twice: measured once, one row, and the user is told.
+    r = memprobe("compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--batch", "1",
+                 "--strategies", "unrolled,checkpoint,unrolled", "--format", "csv")
+    assert r.returncode == 0, r.stderr
+    assert [row["strategy"] for row in csv.DictReader(io.StringIO(r.stdout))] == ["checkpoint", "unrolled"]
+    assert "memprobe: unrolled named more than once in --strategies; measured once" in r.stderr
+    assert "measuring 2 strategies" in r.stderr
     r = memprobe("compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--batch", "1",
                  "--strategies", "unrolled,checkpoint")
     assert r.returncode == 0, r.stderr
@@ -100,6 +109,14 @@ def test_bad_input_is_one_line_and_exit_2(command, args, message):
     lines = [l for l in r.stderr.splitlines() if l.startswith("memprobe: error:")]
     assert len(lines) == 1 and message in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_refused_plan_says_nothing_before_its_error():
+    # cpu drops the default offload strategy; that note only matters for a run that goes ahead.
+    r = memprobe("compare", "--target", "cpu", "--seq", "1000")
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == ["memprobe: error: --seq 1000 is not a multiple of the attention "
+                                     "block (512); try 512 or 1024"], r.stderr
 
 
 @pytest.mark.parametrize("hidden,target,message", [

@@ -107,14 +107,16 @@ def plan_from_options(seq, batch, model, target, devices, topology, strategies, 
     chosen = select(catalogue, names)
     where = resolve_target(target, devices, topology)
     require_backend(where)
+    skipped = []
     if strategies in (None, "all") and not where.has_host_memory:
         skipped = [s.name for s in chosen if s.offload]
         chosen = [s for s in chosen if not s.offload]
-        if skipped:
-            messages().print(f"memprobe: skipping {', '.join(skipped)}: {where.name} has no "
-                             "host memory space to offload to")
-    return make_plan(model=model, strategies=chosen, target=where, seq_len=seq,
+    plan = make_plan(model=model, strategies=chosen, target=where, seq_len=seq,
                      batch_per_device=batch, loss_chunks=loss_chunks, step=step)
+    if skipped:  # said once the plan is known to be valid, not before its error
+        messages().print(f"memprobe: skipping {', '.join(skipped)}: {where.name} has no "
+                         "host memory space to offload to")
+    return plan
 
 
 def check_run_options(timeout: float, jobs: int | None, max_host_memory: str | None) -> int | None:
@@ -169,7 +171,13 @@ def strategy_names(catalogue, strategies: str | None) -> list[str]:
         return [n for n in DEFAULT_STRATEGIES if n in catalogue]
     if strategies.strip() == "all":
         return [n for n, s in catalogue.items() if s.source == "built-in"]
-    return [n.strip() for n in strategies.split(",") if n.strip()]
+    names = [n.strip() for n in strategies.split(",") if n.strip()]
+    unique = list(dict.fromkeys(names))
+    if len(unique) < len(names):  # one row per strategy: a second would only repeat the first
+        twice = [n for n in unique if names.count(n) > 1]
+        messages().print(f"memprobe: {', '.join(twice)} named more than once in --strategies; "
+                         "measured once")
+    return unique
 
 
 def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, parallel: int, cache,
