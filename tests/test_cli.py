@@ -150,6 +150,19 @@ def test_strategies_and_targets_list_what_exists():
             assert fragment in t.stdout
 
 
+def test_help_wraps_sentences_to_the_terminal_not_to_the_source():
+    # Wide enough that no sentence needs wrapping: a break inside one is the docstring's own.
+    wide = {"COLUMNS": "400"}
+    r = memprobe("--help", env=wide)
+    assert r.returncode == 0
+    assert ("Find the largest per-device batch (or, with --vary seq, the longest sequence) at which each "
+            "strategy's step fits the target's HBM.") in r.stdout, r.stdout
+    r = memprobe("check", "--help", env=wide)
+    assert r.returncode == 0
+    assert ("Exit 0: every peak and host figure within tolerance, every peak under --max-peak. Exit 1: a "
+            "regression, a peak over budget or a failed compile. Exit 2: bad input.") in r.stdout, r.stdout
+
+
 def test_user_strategy_file_runs_end_to_end(tmp_path):
     path = tmp_path / "save-mlp.toml"
     path.write_text('description = "checkpoint, MLP hidden kept"\nloop = "checkpoint"\n'

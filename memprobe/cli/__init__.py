@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import signal
 import threading
 
@@ -21,14 +22,20 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-app.command("compare")(compare.compare)
-app.command("report")(report.report)
-app.command("baseline")(compare.baseline)
-app.command("fit")(fit.fit)
-app.command("check")(check.check)
-app.command("explain")(explain.explain)
-app.command("strategies")(strategies.list_strategies)
-app.command("targets")(targets.list_targets)
+
+
+def _help(fn) -> str:
+    """A command's docstring as help: paragraphs kept, the source's line breaks inside one
+    dropped. Typer's rich help keeps them, so `--help` and the command list broke lines
+    mid-sentence wherever the docstring wrapped at 100 columns."""
+    paragraphs = inspect.cleandoc(fn.__doc__ or "").split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
+
+
+for _name, _fn in [("compare", compare.compare), ("report", report.report), ("baseline", compare.baseline),
+                   ("fit", fit.fit), ("check", check.check), ("explain", explain.explain),
+                   ("strategies", strategies.list_strategies), ("targets", targets.list_targets)]:
+    app.command(_name, help=_help(_fn))(_fn)
 
 err = messages()
 
