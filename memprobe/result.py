@@ -134,6 +134,10 @@ class Result:
     def load(cls, path: Path) -> Result:
         return cls.from_json(read_json(path), str(path))
 
+    def save(self, path: Path) -> None:
+        """Writes the JSON that ``load``, `memprobe report` and `memprobe check` read."""
+        Path(path).write_text(self.dumps())
+
     @classmethod
     def merge(cls, results: list[tuple[str, Result]]) -> Result:
         """Several results as one: rows of the same configuration join one table, so

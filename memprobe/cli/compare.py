@@ -15,11 +15,11 @@ from memprobe.cli._output import check_writable, command_line, messages, write_r
 from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_host_cap, default_parallel
 from memprobe.errors import BadInput
 from memprobe.measure import Measurement, host_sharing, parse_positive_size, with_host_ram
-from memprobe.plan import DEFAULT_MODEL, CompileJob, Plan, Step, make_plan
+from memprobe.api import resolve_plan
+from memprobe.plan import DEFAULT_MODEL, CompileJob, Plan, Step
 from memprobe.render import Format
 from memprobe.result import Result
-from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue, select
-from memprobe.targets import DEFAULT_TARGET, require_backend, resolve_target
+from memprobe.targets import DEFAULT_TARGET
 
 
 def compare(
@@ -100,21 +100,12 @@ def baseline(
 
 def plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
                       strategies_dir, loss_chunks, step) -> Plan:
-    catalogue = load_catalogue(strategy_file or (), strategies_dir or ())
-    names = strategy_names(catalogue, strategies)
-    if strategy_file and not strategies:
-        names += [p.stem for p in strategy_file]
-    chosen = select(catalogue, names)
-    where = resolve_target(target, devices, topology)
-    require_backend(where)
-    skipped = []
-    if strategies in (None, "all") and not where.has_host_memory:
-        skipped = [s.name for s in chosen if s.offload]
-        chosen = [s for s in chosen if not s.offload]
-    plan = make_plan(model=model, strategies=chosen, target=where, seq_len=seq,
-                     batch_per_device=batch, loss_chunks=loss_chunks, step=step)
+    plan, skipped = resolve_plan(seq=seq, batch=batch, model=model, target=target, devices=devices,
+                                 topology=topology, strategies=strategy_names(strategies),
+                                 strategy_files=strategy_file or (),
+                                 strategies_dirs=strategies_dir or (), loss_chunks=loss_chunks, step=step)
     if skipped:  # said once the plan is known to be valid, not before its error
-        messages().print(f"memprobe: skipping {', '.join(skipped)}: {where.name} has no "
+        messages().print(f"memprobe: skipping {', '.join(skipped)}: {plan.target.name} has no "
                          "host memory space to offload to")
     return plan
 
@@ -165,12 +156,11 @@ def run_jobs(jobs: list[CompileJob], what: str, timeout: float, parallel: int | 
     return measurements
 
 
-def strategy_names(catalogue, strategies: str | None) -> list[str]:
-    """--strategies as names: a comma-separated list, 'all' built-ins, or the four families."""
-    if strategies is None:
-        return [n for n in DEFAULT_STRATEGIES if n in catalogue]
-    if strategies.strip() == "all":
-        return [n for n, s in catalogue.items() if s.source == "built-in"]
+def strategy_names(strategies: str | None) -> list[str] | str | None:
+    """--strategies for ``resolve_plan``: None (the four families), 'all' (every built-in) or
+    the names of a comma-separated list, each once."""
+    if strategies is None or strategies.strip() == "all":
+        return None if strategies is None else "all"
     names = [n.strip() for n in strategies.split(",") if n.strip()]
     unique = list(dict.fromkeys(names))
     if len(unique) < len(names):  # one row per strategy: a second would only repeat the first

@@ -1,0 +1,128 @@
+"""memprobe as a library: the plan, compiles and result of `memprobe compare`, without the CLI.
+
+Nothing here prints. Bad input raises ``BadInput`` (a ``MemprobeError``) with the same
+one-line message the CLI shows; a strategy whose compile fails is a row with ``error`` set,
+never an exception, so the other strategies' figures are kept.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from memprobe.cache import ResultCache
+from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_host_cap, default_parallel
+from memprobe.errors import BadInput
+from memprobe.plan import DEFAULT_MODEL, Plan, Step, make_plan
+from memprobe.result import Result
+from memprobe.strategy import DEFAULT_STRATEGIES, Strategy, load_catalogue, select
+from memprobe.targets import DEFAULT_TARGET, require_backend, resolve_target
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: ``on_event(strategy, state, seconds)``: state is "cached", "tracing", "compiling" (with the
+#: seconds so far, four times a second), "done" or "failed" (with the compile's seconds).
+OnEvent = Callable[[str, str, float], None]
+
+
+def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: str = DEFAULT_TARGET,
+                 devices: int | None = None, topology: str | None = None,
+                 strategies: Sequence[str | Strategy] | str | None = None,
+                 strategy_files: Iterable[Path] = (), strategies_dirs: Iterable[Path] = (),
+                 loss_chunks: int | None = None, step: Step | str = Step.TRAIN) -> tuple[Plan, list[str]]:
+    """The checked plan, and the offload strategies left out because the target has no host
+    memory to offload to: only of the default set (the four families and ``strategy_files``)
+    or "all"; a named offload strategy on such a target is refused. A name given twice is
+    planned once."""
+    strategy_files = list(strategy_files)
+    catalogue = load_catalogue(strategy_files, strategies_dirs)
+    implicit = strategies is None or strategies == "all"
+    if strategies is None:
+        chosen = select(catalogue, [*DEFAULT_STRATEGIES, *(p.stem for p in strategy_files)])
+    elif strategies == "all":
+        chosen = [s for s in catalogue.values() if s.source == "built-in"]
+    elif isinstance(strategies, str):
+        raise BadInput(f"strategies: give a list of names (or 'all'), not the string {strategies!r}")
+    else:
+        named: dict[str, Strategy] = {}
+        for s in strategies:  # the first of each name: a second row would only repeat it
+            s = s if isinstance(s, Strategy) else select(catalogue, [s])[0]
+            named.setdefault(s.name, s)
+        chosen = list(named.values())
+    where = resolve_target(target, devices, topology)
+    require_backend(where)
+    skipped = [s.name for s in chosen if s.offload and not where.has_host_memory] if implicit else []
+    chosen = [s for s in chosen if s.name not in skipped]
+    plan = make_plan(model=model, strategies=chosen, target=where, seq_len=seq, batch_per_device=batch,
+                     loss_chunks=loss_chunks, step=Step(step))
+    return plan, skipped
+
+
+def run(plan: Plan, *, jobs: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True,
+        max_host_bytes: int | None = None, on_event: OnEvent | None = None) -> Result:
+    """Compiles (or answers from the results cache) every strategy of ``plan``, each in its
+    own process, ``jobs`` at a time (default: as many as cores and host memory allow)."""
+    if jobs is not None and jobs < 1:
+        raise BadInput(f"jobs must be a positive integer, got {jobs}")
+    if timeout_s <= 0:
+        raise BadInput(f"timeout_s must be a positive number of seconds, got {timeout_s}")
+    names = [s.name for s in plan.strategies]
+    measurements = compile_jobs(
+        plan.jobs(), timeout_s=timeout_s, parallel=jobs or default_parallel(len(names)),
+        on_event=(lambda i, state, seconds: on_event(names[i], state, seconds)) if on_event else None,
+        cache=ResultCache() if cache else None,
+        max_host_bytes=default_host_cap() if max_host_bytes is None else max_host_bytes)
+    return Result(measurements)
+
+
+def compare(*, seq: int = 24576, batch: int = 8, model: str = DEFAULT_MODEL, target: str = DEFAULT_TARGET,
+            devices: int | None = None, topology: str | None = None,
+            strategies: Sequence[str | Strategy] | str | None = None,
+            strategy_files: Iterable[Path] = (), strategies_dirs: Iterable[Path] = (),
+            loss_chunks: int | None = None, step: Step | str = Step.TRAIN, jobs: int | None = None,
+            timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True, max_host_bytes: int | None = None,
+            on_event: OnEvent | None = None) -> Result:
+    """`memprobe compare` as a call: the train step of ``model`` compiled for ``target`` under
+    each strategy (names, ``Strategy`` objects or "all"; default the four families, less the
+    offload one where the target has no host memory), per-device peak figures in the result.
+
+    ``max_host_bytes``: host memory one compile process may use before it is stopped and
+    its row marked failed (default 90% of this machine's memory)."""
+    plan, _ = resolve_plan(seq=seq, batch=batch, model=model, target=target, devices=devices,
+                           topology=topology, strategies=strategies, strategy_files=strategy_files,
+                           strategies_dirs=strategies_dirs, loss_chunks=loss_chunks, step=step)
+    return run(plan, jobs=jobs, timeout_s=timeout_s, cache=cache, max_host_bytes=max_host_bytes,
+               on_event=on_event)
+
+
+def load(path: str | Path) -> Result:
+    """A result saved with ``Result.save``, `--format json` or `memprobe baseline`."""
+    return Result.load(Path(path))
+
+
+def frame(result: Result) -> pd.DataFrame:
+    """One row per strategy and configuration, ranked by peak within each configuration:
+    GiB as floats, exact bytes as integers (the columns of `--format csv`)."""
+    from memprobe.render.csv import frame as csv_frame
+
+    return csv_frame(result)
+
+
+def report(result: Result, fmt: str = "table", file: IO[str] | None = None) -> str | None:
+    """`memprobe report` as a call: ``result`` as table, markdown, json, csv or html: written to ``file``, or returned as a
+    string when no file is given."""
+    from memprobe.render import Format, render as render_to
+
+    try:
+        chosen = Format(fmt)
+    except ValueError:
+        raise BadInput(f"unknown format {fmt!r} (known: {', '.join(f.value for f in Format)})") from None
+    if file is not None:
+        render_to(result, chosen, file)
+        return None
+    out = io.StringIO()
+    render_to(result, chosen, out)
+    return out.getvalue()

@@ -1,0 +1,99 @@
+"""memprobe as a library (``import memprobe``): the same plan, compiles and figures as the CLI."""
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+import memprobe
+
+TINY = dict(model="tiny-e2b", target="cpu", seq=256, batch=1)
+
+
+def test_compare_returns_every_strategys_figures_and_renders_them(tmp_path):
+    events = []
+    r = memprobe.compare(**TINY, strategies=["unrolled", "checkpoint", "unrolled"],
+                         on_event=lambda name, state, s: events.append((name, state)))
+    assert [m.strategy for m in r.measurements] == ["unrolled", "checkpoint"]  # asked order, each once
+    unrolled, checkpoint = r.measurements
+    assert unrolled.ok and checkpoint.ok
+    assert 0 < checkpoint.peak_bytes < unrolled.peak_bytes  # remat lowers the peak
+    assert checkpoint.peak_bytes == (checkpoint.argument_bytes + checkpoint.output_bytes
+                                     - checkpoint.alias_bytes + checkpoint.temp_bytes)
+    # Every strategy ends in one final event: from the cache or compiled.
+    for name in ("unrolled", "checkpoint"):
+        assert [st for n, st in events if n == name][-1] in ("cached", "done"), events
+
+    df = memprobe.frame(r)
+    assert list(df["strategy"]) == ["checkpoint", "unrolled"] and list(df["rank"]) == [1, 2]
+    assert list(df["peak_bytes"]) == [checkpoint.peak_bytes, unrolled.peak_bytes]
+    md = memprobe.report(r, "markdown")
+    assert md.startswith("## tiny-e2b train step, seq 256 x per-device batch 1 on cpu, 1 device")
+    assert f"{checkpoint.peak_bytes:,}" in md and "CPU backend figures" in md
+    out = io.StringIO()
+    assert memprobe.report(r, "csv", out) is None and out.getvalue().startswith("model,target,")
+
+    path = tmp_path / "r.json"
+    r.save(path)
+    again = memprobe.load(path)
+    assert [(m.strategy, m.peak_bytes) for m in again.measurements] == [
+        ("unrolled", unrolled.peak_bytes), ("checkpoint", checkpoint.peak_bytes)]
+    cli = subprocess.run([sys.executable, "-m", "memprobe", "report", str(path), "--format", "markdown"],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and cli.stdout == md  # the CLI renders a library result the same
+
+
+def test_a_strategy_built_in_code_compiles_like_the_same_strategy_file(tmp_path):
+    mine = memprobe.Strategy(name="mine", description="checkpoint, MLP hidden saved",
+                             loop=memprobe.Loop.CHECKPOINT, policy=memprobe.Policy.NAMES, save=("mlp_hidden",))
+    f = tmp_path / "from-file.toml"
+    f.write_text('description = "the same, from a file"\nloop = "checkpoint"\npolicy = "names"\n'
+                 'save = ["mlp_hidden"]\n')
+    r = memprobe.compare(**TINY, strategies=[mine, "from-file"], strategy_files=[f], cache=False)
+    a, b = r.measurements
+    assert (a.strategy, b.strategy) == ("mine", "from-file")
+    assert a.ok and b.ok and a.peak_bytes == b.peak_bytes > 0 and a.temp_bytes == b.temp_bytes
+
+
+def test_defaults_leave_out_offload_where_there_is_no_host_memory():
+    plan, skipped = memprobe.resolve_plan(**TINY)
+    assert [s.name for s in plan.strategies] == ["unrolled", "checkpoint", "scan-checkpoint"]
+    assert skipped == ["offload"]
+    plan, skipped = memprobe.resolve_plan(**TINY, strategies="all")
+    assert "offload" not in [s.name for s in plan.strategies] and "scan-periods" in [s.name for s in plan.strategies]
+    assert set(skipped) == {"offload", "offload-mlp", "scan-layers-offload", "scan-offload"}
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(seq=-1), "--seq must be a positive integer, got -1"),
+    (dict(seq=1000), "--seq 1000 is not a multiple of the attention block (512); try 512 or 1024"),
+    (dict(strategies="checkpoint"), "give a list of names (or 'all'), not the string 'checkpoint'"),
+    (dict(strategies=["fastest"]), "unknown strategy 'fastest'"),
+    (dict(strategies=["offload"]), "offload: target cpu has no host memory space to offload to"),
+    (dict(target="h900"), "unknown target 'h900'"),
+    (dict(model="gemma5"), "unknown model 'gemma5'"),
+    (dict(jobs=0), "jobs must be a positive integer, got 0"),
+    (dict(timeout_s=0), "timeout_s must be a positive number of seconds, got 0"),
+])
+def test_bad_input_raises_badinput_before_any_compile(kwargs, message):
+    with pytest.raises(memprobe.BadInput, match="^.*" + message.replace("(", r"\(").replace(")", r"\)")):
+        memprobe.compare(**{**TINY, **kwargs})
+
+
+def test_a_failed_compile_is_a_row_not_an_exception():
+    r = memprobe.compare(**TINY, strategies=["checkpoint"], cache=False, timeout_s=0.5)
+    (m,) = r.measurements
+    assert not m.ok and m.error.startswith("timed out after")
+    assert "checkpoint failed: timed out" in memprobe.report(r, "table")
+
+
+def test_import_is_light_and_names_are_public():
+    code = ("import sys, memprobe; assert 'jax' not in sys.modules and 'pandas' not in sys.modules; "
+            "print(sorted(memprobe.__all__)); memprobe.compare; assert 'jax' not in sys.modules")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for name in ("compare", "frame", "load", "report", "Result", "Strategy", "BadInput"):
+        assert repr(name) in r.stdout
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        memprobe.nothing
