@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 # here may be a submodule's: `import memprobe.render` would replace it.)
 _PUBLIC = {
     "compare": "memprobe.api", "run": "memprobe.api", "resolve_plan": "memprobe.api",
-    "load": "memprobe.api", "frame": "memprobe.api", "report": "memprobe.api",
+    "load": "memprobe.api", "frame": "memprobe.api", "report": "memprobe.api", "check": "memprobe.api",
+    "Tolerance": "memprobe.gate", "Verdict": "memprobe.gate",
     "Result": "memprobe.result", "Measurement": "memprobe.measure", "Plan": "memprobe.plan",
     "Strategy": "memprobe.strategy", "Loop": "memprobe.strategy", "Policy": "memprobe.strategy",
     "load_strategy": "memprobe.strategy", "load_catalogue": "memprobe.strategy",
@@ -27,7 +28,8 @@ _PUBLIC = {
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
-    from memprobe.api import compare, frame, load, report, resolve_plan, run
+    from memprobe.api import check, compare, frame, load, report, resolve_plan, run
+    from memprobe.gate import Tolerance, Verdict
     from memprobe.errors import BadInput, MemprobeError
     from memprobe.measure import Measurement
     from memprobe.plan import Plan

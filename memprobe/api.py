@@ -15,6 +15,8 @@ from typing import IO, TYPE_CHECKING
 from memprobe.cache import ResultCache
 from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_host_cap, default_parallel
 from memprobe.errors import BadInput
+from memprobe.gate import Tolerance, Verdict, baseline_plans, judge, load_baseline
+from memprobe.measure import parse_size
 from memprobe.plan import DEFAULT_MODEL, Plan, Step, make_plan
 from memprobe.result import Result
 from memprobe.strategy import DEFAULT_STRATEGIES, Strategy, load_catalogue, select
@@ -96,6 +98,24 @@ def compare(*, seq: int = 24576, batch: int = 8, model: str = DEFAULT_MODEL, tar
                            strategies_dirs=strategies_dirs, loss_chunks=loss_chunks, step=step)
     return run(plan, jobs=jobs, timeout_s=timeout_s, cache=cache, max_host_bytes=max_host_bytes,
                on_event=on_event)
+
+
+def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: str | int | None = None,
+          allow_version_drift: bool = False, jobs: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+          cache: bool = True, max_host_bytes: int | None = None, on_event: OnEvent | None = None) -> list[Verdict]:
+    """`memprobe check` as a call: every configuration of ``baseline`` compiled again, one
+    ``Verdict`` per strategy (``passed``; ``status`` "ok", "improved", "regressed", "over
+    budget", "host regressed" or "failed"). ``tolerance`` like "2%" or "0.5GiB";
+    ``max_peak`` a size like "90GiB" or bytes. Every plan is checked before anything compiles."""
+    tol = tolerance if isinstance(tolerance, Tolerance) else Tolerance.parse(tolerance)
+    budget = parse_size(max_peak, "max_peak") if isinstance(max_peak, str) else max_peak
+    base = load_baseline(Path(baseline), allow_version_drift)
+    verdicts = []
+    for group, plan in baseline_plans(base, Path(baseline)):
+        now = run(plan, jobs=jobs, timeout_s=timeout_s, cache=cache, max_host_bytes=max_host_bytes,
+                  on_event=on_event).measurements
+        verdicts += [judge(b, n, tol, budget) for b, n in zip(group, now)]
+    return verdicts
 
 
 def load(path: str | Path) -> Result:

@@ -1,6 +1,7 @@
 """memprobe as a library (``import memprobe``): the same plan, compiles and figures as the CLI."""
 
 import io
+import json
 import subprocess
 import sys
 
@@ -97,3 +98,25 @@ def test_import_is_light_and_names_are_public():
         assert repr(name) in r.stdout
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         memprobe.nothing
+
+
+def test_check_gives_a_verdict_per_strategy_against_a_saved_baseline(tmp_path):
+    base = memprobe.compare(**TINY, strategies=["unrolled", "checkpoint"])
+    path = tmp_path / "baseline.json"
+    base.save(path)
+    verdicts = memprobe.check(path)
+    assert [(v.base.strategy, v.status, v.passed) for v in verdicts] == [
+        ("unrolled", "ok", True), ("checkpoint", "ok", True)]
+    assert [v.now.peak_bytes for v in verdicts] == [m.peak_bytes for m in base.measurements]
+    # A budget between the two peaks fails only the larger; bytes or a size both do.
+    between = (base.measurements[0].peak_bytes + base.measurements[1].peak_bytes) // 2
+    for budget in (between, f"{between}"):
+        assert [v.status for v in memprobe.check(path, max_peak=budget)] == ["over budget", "ok"]
+    # The baseline's checkpoint 10% lower: now it has regressed.
+    data = json.loads(path.read_text())
+    row = data["comparisons"][0]["rows"][1]
+    row["temp_bytes"] -= row["peak_bytes"] // 10
+    path.write_text(json.dumps(data))
+    assert [v.status for v in memprobe.check(path, tolerance="5%")] == ["ok", "regressed"]
+    with pytest.raises(memprobe.BadInput, match="is not a percentage like 2%"):
+        memprobe.check(path, tolerance="-3%")

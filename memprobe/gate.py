@@ -1,0 +1,154 @@
+"""The regression gate: a baseline's figures, a tolerance and a budget in, a verdict per
+strategy out. `memprobe check` and ``memprobe.check`` are built on it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from memprobe.compile import GPU_PACKAGES, versions
+from memprobe.errors import BadInput
+from memprobe.measure import GIB, Measurement, parse_size
+from memprobe.plan import Plan, Step, make_plan
+from memprobe.result import Result
+from memprobe.strategy import strategy_from_mapping
+from memprobe.targets import require_backend, resolve_target
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# The versions a baseline must share with this run: they decide the compiled figures.
+COMPILER_PACKAGES = ("jax", "jaxlib", "libtpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    relative: float | None = None  # 0.02 for 2%
+    absolute_bytes: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Tolerance:
+        t = text.strip()
+        if t.endswith("%"):
+            try:
+                value = float(t[:-1])
+            except ValueError:
+                value = -1.0
+            if value < 0:
+                raise BadInput(f"--tolerance: {text!r} is not a percentage like 2%")
+            return cls(relative=value / 100)
+        size = parse_size(t, "--tolerance")
+        return cls(absolute_bytes=size)
+
+    def allowed(self, base_bytes: int) -> int:
+        if self.relative is not None:
+            return int(base_bytes * self.relative)
+        return self.absolute_bytes or 0
+
+    def __str__(self) -> str:
+        if self.relative is not None:
+            return f"{self.relative * 100:g}%"
+        return f"{(self.absolute_bytes or 0) / GIB:.2f} GiB"
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    base: Measurement
+    now: Measurement
+    status: str  # "ok", "improved", "regressed", "over budget", "host regressed", "failed"
+
+    @property
+    def passed(self) -> bool:
+        return self.status in ("ok", "improved")
+
+
+def judge(base: Measurement, now: Measurement, tolerance: Tolerance, max_peak: int | None) -> Verdict:
+    if not now.ok:
+        return Verdict(base, now, "failed")
+    allowed = tolerance.allowed(base.peak_bytes)
+    if now.peak_bytes > base.peak_bytes + allowed:
+        return Verdict(base, now, "regressed")
+    if max_peak is not None and now.peak_bytes > max_peak:
+        return Verdict(base, now, "over budget")
+    # Offload can trade HBM for host memory: a peak that held or fell must not hide host
+    # bytes that grew (from none, any growth is beyond a relative tolerance).
+    if now.host_bytes > base.host_bytes + tolerance.allowed(base.host_bytes):
+        return Verdict(base, now, "host regressed")
+    if now.peak_bytes < base.peak_bytes - allowed:
+        return Verdict(base, now, "improved")
+    return Verdict(base, now, "ok")
+
+
+def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
+    import pandas as pd
+
+    host = any(v.base.host_bytes or (v.now.ok and v.now.host_bytes) for v in verdicts)
+    rows = []
+    for v in verdicts:
+        b, n = v.base, v.now
+        where = f"{b.model} seq {b.seq_len} x {b.batch_per_device} on {b.topology or b.target}"
+        rows.append({
+            "configuration": where,
+            "strategy": b.strategy,
+            "baseline GiB": f"{b.peak_bytes / GIB:.3f}",
+            "now GiB": f"{n.peak_bytes / GIB:.3f}" if n.ok else "-",
+            "delta GiB": f"{(n.peak_bytes - b.peak_bytes) / GIB:+.3f}" if n.ok else "-",
+            "delta %": f"{100 * (n.peak_bytes - b.peak_bytes) / b.peak_bytes:+.2f}%" if n.ok and b.peak_bytes else "-",
+            "now bytes": f"{n.peak_bytes:,}" if n.ok else "-",
+            # exact bytes: offloaded figures are often far below a GiB
+            **({"host baseline bytes": f"{b.host_bytes:,}",
+                "host now bytes": f"{n.host_bytes:,}" if n.ok else "-"} if host else {}),
+            "status": v.status if n.ok else f"failed: {n.error}",
+        })
+    return pd.DataFrame(rows)
+
+
+def load_baseline(path: Path, allow_version_drift: bool = False) -> Result:
+    """A baseline fit to gate against: whole, and compiled with this machine's compiler
+    versions unless ``allow_version_drift``."""
+    base = Result.load(Path(path))
+    if not all(m.ok for m in base.measurements):
+        raise BadInput(f"{path}: the baseline has failed rows; write it again with `memprobe baseline`")
+    if not allow_version_drift:
+        check_versions(base, Path(path))
+    return base
+
+
+def baseline_plans(base: Result, where: Path) -> list[tuple[list[Measurement], Plan]]:
+    """Each configuration of the baseline with the plan that compiles it again: the same
+    model, target, shapes, step and strategy knobs as recorded."""
+    plans = []
+    for group in base.comparisons:
+        m0 = group[0]
+        strategies = [strategy_from_mapping(m.strategy, {"description": "from the baseline", **m.strategy_knobs},
+                                            f"{where}: {m.strategy}") for m in group]
+        try:
+            step = Step(m0.step)
+        except ValueError:
+            raise BadInput(f"{where}: step {m0.step!r} is not one of train, grad") from None
+        target = resolve_target(m0.target, m0.num_devices, m0.topology if m0.platform != "cpu" else None)
+        require_backend(target)
+        plans.append((group, make_plan(model=m0.model, strategies=strategies, target=target, seq_len=m0.seq_len,
+                                       batch_per_device=m0.batch_per_device, loss_chunks=m0.loss_chunks,
+                                       step=step)))
+    return plans
+
+
+def summary(verdicts: list[Verdict], tolerance: Tolerance, max_peak: int | None) -> str:
+    failed = [v for v in verdicts if not v.passed]
+    return (f"memprobe check: {len(verdicts) - len(failed)} of {len(verdicts)} within tolerance {tolerance}"
+            + (f" and under {max_peak / GIB:.2f} GiB" if max_peak is not None else "")
+            + ("" if not failed else "; failing: " + ", ".join(f"{v.base.strategy} ({v.status})" for v in failed)))
+
+
+def check_versions(base: Result, where: Path) -> None:
+    for m in base.measurements:
+        mine = versions(m.platform)
+        for pkg in (*COMPILER_PACKAGES, *(GPU_PACKAGES if m.platform == "cuda" else ())):
+            if pkg == "libtpu" and m.platform != "tpu":
+                continue
+            theirs = m.versions.get(pkg)
+            if theirs != mine.get(pkg):
+                raise BadInput(f"{where}: baseline was compiled with {pkg} {theirs}, this is {pkg} "
+                               f"{mine.get(pkg)}; write a new baseline or pass --allow-version-drift")
