@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 _PUBLIC = {
     "compare": "memprobe.api", "run": "memprobe.api", "resolve_plan": "memprobe.api",
     "load": "memprobe.api", "frame": "memprobe.api", "report": "memprobe.api", "check": "memprobe.api",
+    "fit": "memprobe.api", "FitResult": "memprobe.search",
     "Tolerance": "memprobe.gate", "Verdict": "memprobe.gate",
     "Result": "memprobe.result", "Measurement": "memprobe.measure", "Plan": "memprobe.plan",
     "Strategy": "memprobe.strategy", "Loop": "memprobe.strategy", "Policy": "memprobe.strategy",
@@ -28,7 +29,8 @@ _PUBLIC = {
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
-    from memprobe.api import check, compare, frame, load, report, resolve_plan, run
+    from memprobe.api import check, compare, fit, frame, load, report, resolve_plan, run
+    from memprobe.search import FitResult
     from memprobe.gate import Tolerance, Verdict
     from memprobe.errors import BadInput, MemprobeError
     from memprobe.measure import Measurement

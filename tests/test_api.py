@@ -10,6 +10,7 @@ import pytest
 import memprobe
 
 TINY = dict(model="tiny-e2b", target="cpu", seq=256, batch=1)
+FIT = dict(model="tiny-e2b", target="cpu", seq=256)  # the batch is what a fit searches
 
 
 def test_compare_returns_every_strategys_figures_and_renders_them(tmp_path):
@@ -75,7 +76,7 @@ def test_defaults_leave_out_offload_where_there_is_no_host_memory():
     (dict(target="h900"), "unknown target 'h900'"),
     (dict(model="gemma5"), "unknown model 'gemma5'"),
     (dict(jobs=0), "jobs must be a positive integer, got 0"),
-    (dict(timeout_s=0), "timeout_s must be a positive number of seconds, got 0"),
+    (dict(timeout_s=0), "--timeout must be a positive number of seconds, got 0"),
 ])
 def test_bad_input_raises_badinput_before_any_compile(kwargs, message):
     with pytest.raises(memprobe.BadInput, match="^.*" + message.replace("(", r"\(").replace(")", r"\)")):
@@ -120,3 +121,30 @@ def test_check_gives_a_verdict_per_strategy_against_a_saved_baseline(tmp_path):
     assert [v.status for v in memprobe.check(path, tolerance="5%")] == ["ok", "regressed"]
     with pytest.raises(memprobe.BadInput, match="is not a percentage like 2%"):
         memprobe.check(path, tolerance="-3%")
+
+
+def test_fit_answers_with_a_compiled_size_that_fits_and_the_next_over():
+    labels = set()
+    r = memprobe.fit(**FIT, budget="100MiB", strategies=["checkpoint"],
+                     on_event=lambda label, state, s: labels.add(label))
+    b = r.answers()["checkpoint"]
+    (s,) = r.searches
+    assert b >= 1 and s.peaks[b] <= 100 * 2**20 < s.peaks[b + 1]
+    assert {f"checkpoint batch {n}" for n in s.peaks} == labels  # one label per size compiled
+    # Each size's figure is that batch's own compile, as compare makes it.
+    one = memprobe.compare(**{**TINY, "batch": b}, strategies=["checkpoint"]).measurements[0]
+    assert one.peak_bytes == s.peaks[b]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(vary="width"), "vary: 'width' is not one of batch, seq"),
+    (dict(budget=None), "target cpu has no HBM capacity to fit in"),
+    (dict(vary="seq"), "--seq does not apply with --vary seq"),  # FIT gives a seq
+    (dict(batch=2), "--batch applies with --vary seq"),
+    (dict(budget="lots"), "--budget: 'lots' is not a size"),
+    (dict(budget=1, host_ram="1TiB"), "--host-ram: target cpu has no host memory space to check"),
+])
+def test_fit_bad_input_raises_badinput(kwargs, message):
+    with pytest.raises(memprobe.BadInput) as e:
+        memprobe.fit(**{**FIT, "budget": "100MiB", **kwargs})
+    assert message in str(e.value)

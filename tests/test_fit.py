@@ -9,7 +9,7 @@ import pytest
 
 from conftest import jobs_for
 from memprobe.compile import compile_job
-from memprobe.fit import FitResult, search
+from memprobe.search import FitResult, search
 from memprobe.measure import Measurement
 from memprobe.plan import Shapes
 from memprobe.render.fit import _note

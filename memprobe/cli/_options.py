@@ -7,8 +7,7 @@ from typing import Annotated
 
 import typer
 
-from memprobe.errors import BadInput
-from memprobe.measure import parse_positive_size
+from memprobe.api import host_ram_bytes
 from memprobe.plan import Step
 from memprobe.render import Format
 
@@ -64,11 +63,4 @@ DevicesPerHost = Annotated[int | None, typer.Option(
 
 def host_ram_option(host_ram: str | None, devices_per_host: int | None) -> int | None:
     """--host-ram in bytes (None when not given), with --devices-per-host checked beside it."""
-    if devices_per_host is not None:
-        if host_ram is None:
-            raise BadInput("--devices-per-host only applies with --host-ram")
-        if devices_per_host < 1:
-            raise BadInput(f"--devices-per-host must be a positive integer, got {devices_per_host}")
-    if host_ram is None:
-        return None
-    return parse_positive_size(host_ram, "--host-ram")
+    return host_ram_bytes(host_ram, devices_per_host)

@@ -9,13 +9,12 @@ from typing import Annotated
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from memprobe.api import check_run, host_ram_check, resolve_plan
 from memprobe.cache import ResultCache
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, write_result
 from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_host_cap, default_parallel
-from memprobe.errors import BadInput
-from memprobe.measure import Measurement, host_sharing, parse_positive_size, with_host_ram
-from memprobe.api import resolve_plan
+from memprobe.measure import Measurement, parse_positive_size, with_host_ram
 from memprobe.plan import DEFAULT_MODEL, CompileJob, Plan, Step
 from memprobe.render import Format
 from memprobe.result import Result
@@ -112,26 +111,14 @@ def plan_from_options(seq, batch, model, target, devices, topology, strategies, 
 
 def check_run_options(timeout: float, jobs: int | None, max_host_memory: str | None) -> int | None:
     """Checks the options of a run; returns the host-memory cap per compile in bytes."""
-    if jobs is not None and jobs < 1:
-        raise BadInput(f"--jobs must be a positive integer, got {jobs}")
-    if timeout <= 0:
-        raise BadInput(f"--timeout must be a positive number of seconds, got {timeout}")
+    check_run(jobs, timeout)
     if max_host_memory is None:
         return default_host_cap()
     return parse_positive_size(max_host_memory, "--max-host-memory")
 
 
 def check_host_ram(plan: Plan, host_ram: str | None, devices_per_host: int | None) -> tuple[int, int] | None:
-    """--host-ram and --devices-per-host for the plan's target, refused before any compile:
-    (host RAM in bytes, devices sharing it), or None when no host RAM was given."""
-    ram = o.host_ram_option(host_ram, devices_per_host)
-    if ram is None:
-        return None
-    t = plan.target
-    per_host = host_sharing(t.platform, t.name, t.num_devices, t.topology, devices_per_host)
-    if per_host is None:
-        raise BadInput(f"--host-ram: target {t.name} has no host memory space to check")
-    return ram, per_host
+    return host_ram_check(plan, host_ram, devices_per_host)
 
 
 def run_plan(plan: Plan, timeout: float, jobs: int | None, no_cache: bool,

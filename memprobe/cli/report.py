@@ -51,7 +51,7 @@ def report(
 
 def _fit_report(data: dict, path: Path, format: Format, output: Path | None, chart: Path | None,
                 ram: int | None) -> int:
-    from memprobe.fit import FitResult
+    from memprobe.search import FitResult
     from memprobe.render.fit import render
 
     if format.value not in {f.value for f in FitFormat}:

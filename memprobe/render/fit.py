@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import IO
 
-from memprobe.fit import FitResult, StrategySearch
+from memprobe.search import FitResult, StrategySearch
 from memprobe.measure import GIB
 from memprobe.render import FitFormat
 from memprobe.render.frame import PEAK_FORMULA, devices, fmt, versions_line, where

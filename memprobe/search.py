@@ -197,6 +197,11 @@ class FitResult:
             return None
         return self.host_ram // self.devices_per_host
 
+    def answers(self) -> dict[str, int | None]:
+        """Per strategy, the largest batch (or length in tokens) compiled and fitting: 0 when
+        even the smallest is over, None when its search failed."""
+        return {s.strategy: None if s.error is not None else s.value(s.largest) for s in self.searches}
+
     def ranked(self) -> list[StrategySearch]:
         """Largest size first; among equals, the lower peak at it; failed searches last."""
         def key(s: StrategySearch):
