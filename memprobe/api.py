@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from memprobe.cache import ResultCache
-from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_host_cap, default_parallel
+from memprobe.compile import DEFAULT_TIMEOUT_S, check_run, compile_jobs, default_host_cap, default_parallel
 from memprobe.errors import BadInput
 from memprobe.gate import Tolerance, Verdict, baseline_plans, judge, load_baseline
-from memprobe.search import AXES, FitResult, search
-from memprobe.measure import GIB, Measurement, host_sharing, parse_positive_size, parse_size, with_host_ram
-from memprobe.model._config import attention_block_size, default_loss_chunks
-from memprobe.plan import DEFAULT_MODEL, CompileJob, Plan, Shapes, Step, make_plan
+from memprobe.measure import Measurement, parse_size
+from memprobe.plan import DEFAULT_MODEL, CompileJob, Plan, Step, make_plan
 from memprobe.result import Result
+from memprobe.search import AXES, FitResult, RoundRunner, fit_plan, search_axis
 from memprobe.strategy import DEFAULT_STRATEGIES, Strategy, load_catalogue, select
 from memprobe.targets import DEFAULT_TARGET, require_backend, resolve_target
 
@@ -85,14 +84,6 @@ def compile_labelled(wanted: list[CompileJob], labels: list[str], *, jobs: int |
         max_host_bytes=default_host_cap() if max_host_bytes is None else max_host_bytes)
 
 
-def check_run(jobs: int | None, timeout_s: float) -> None:
-    """The options of any run of compiles, refused before the first."""
-    if jobs is not None and jobs < 1:
-        raise BadInput(f"--jobs must be a positive integer, got {jobs}")
-    if timeout_s <= 0:
-        raise BadInput(f"--timeout must be a positive number of seconds, got {timeout_s}")
-
-
 def compare(*, seq: int = 24576, batch: int = 8, model: str = DEFAULT_MODEL, target: str = DEFAULT_TARGET,
             devices: int | None = None, topology: str | None = None,
             strategies: Sequence[str | Strategy] | str | None = None,
@@ -131,14 +122,6 @@ def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: 
     return verdicts
 
 
-#: Compiles one round of a fit: (jobs, their labels, a line saying what they are) -> measurements.
-RoundRunner = Callable[[list[CompileJob], list[str], str], list[Measurement]]
-
-DEFAULT_MAX_BATCH = 1024
-DEFAULT_MAX_SEQ = 131072  # Gemma 4 small's context length
-DEFAULT_FIT_SEQ = 24576
-
-
 def fit(*, vary: str = "batch", seq: int | None = None, batch: int | None = None, model: str = DEFAULT_MODEL,
         target: str = DEFAULT_TARGET, devices: int | None = None, topology: str | None = None,
         strategies: Sequence[str | Strategy] | str | None = None, strategy_files: Iterable[Path] = (),
@@ -168,104 +151,6 @@ def fit(*, vary: str = "batch", seq: int | None = None, batch: int | None = None
                     devices_per_host=devices_per_host)
 
 
-def fit_plan(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, *,
-             budget: str | int | None = None, host_ram: str | int | None = None,
-             devices_per_host: int | None = None) -> FitResult:
-    """The search of ``fit`` on a checked plan, whose shapes give what stays fixed; ``max_n``
-    sizes of ``unit`` along ``axis`` at most (see ``search_axis``). Checks the budget and host
-    RAM before the first round."""
-    if budget is not None:
-        limit = parse_positive_size(budget, "--budget") if isinstance(budget, str) else budget
-        source = "--budget"
-        if limit < 1:
-            raise BadInput(f"--budget must be a positive size, got {budget}")
-    elif plan.target.hbm_bytes is None:
-        raise BadInput(f"target {plan.target.name} has no HBM capacity to fit in; pass --budget SIZE")
-    else:
-        limit, source = plan.target.hbm_bytes, "HBM"
-    ram, per_host = host_ram_check(plan, host_ram, devices_per_host) or (None, None)
-    by_name = {s.name: s for s in plan.strategies}
-    measured: list[Measurement] = []
-    rounds = 0
-
-    def shapes(n: int) -> Shapes:
-        if axis == "batch":
-            return Shapes(plan.shapes.seq_len, n, plan.shapes.loss_chunks)
-        return Shapes(n * unit, plan.shapes.batch_per_device, default_loss_chunks(n * unit))
-
-    def measure(pairs: list[tuple[str, int]]) -> list[Measurement]:
-        nonlocal rounds
-        rounds += 1
-        wanted = [CompileJob(plan.model, by_name[name], plan.target, shapes(n), plan.step) for name, n in pairs]
-        sizes = "batch sizes" if axis == "batch" else "sequence lengths"
-        what = (f"{len(pairs)} {sizes} for {plan.model.name} on {plan.target.label} "
-                f"(round {rounds}, budget {limit / GIB:.2f} GiB)")
-        out = runner(wanted, [f"{name} {axis} {n * unit}" for name, n in pairs], what)
-        if ram is not None:
-            out = with_host_ram(out, ram, per_host)
-        measured.extend(out)
-        return out
-
-    result = FitResult([], measured, limit, source, max_n, host_ram=ram, devices_per_host=per_host,
-                       axis=axis, unit=unit)
-    result.searches = search(list(by_name), limit, max_n, measure, result.host_budget, axis, unit)
-    return result
-
-
-def search_axis(vary: str, seq: int | None, batch: int | None, max_batch: int | None, max_seq: int | None,
-                 loss_chunks: int | None) -> tuple[str, int, int, int, int]:
-    """What the search varies, in which steps and up to where, and the shape it holds fixed:
-    (axis, unit, largest n, seq and batch to plan with). Options that belong to the other
-    axis are refused rather than ignored."""
-    if vary == "batch":
-        for flag, value in (("--batch", batch), ("--max-seq", max_seq)):
-            if value is not None:
-                raise BadInput(f"{flag} applies with --vary seq; --vary batch searches the batch at --seq")
-        max_n = DEFAULT_MAX_BATCH if max_batch is None else max_batch
-        if max_n < 1:
-            raise BadInput(f"--max-batch must be a positive integer, got {max_n}")
-        return "batch", 1, max_n, DEFAULT_FIT_SEQ if seq is None else seq, 1
-    for flag, value in (("--seq", seq), ("--max-batch", max_batch), ("--loss-chunks", loss_chunks)):
-        if value is not None:
-            raise BadInput(f"{flag} does not apply with --vary seq, which searches the length "
-                           "(up to --max-seq, the loss in chunks of one attention block)")
-    unit = attention_block_size(DEFAULT_MAX_SEQ)
-    longest = DEFAULT_MAX_SEQ if max_seq is None else max_seq
-    if longest < unit or longest % unit:
-        raise BadInput(f"--max-seq must be a positive multiple of the attention block ({unit}), got {longest}")
-    return "seq", unit, longest // unit, unit, 1 if batch is None else batch
-
-
-def host_ram_check(plan: Plan, host_ram: str | int | None,
-                   devices_per_host: int | None) -> tuple[int, int] | None:
-    """--host-ram and --devices-per-host for the plan's target, refused before any compile:
-    (host RAM in bytes, devices sharing it), or None when no host RAM was given."""
-    ram = host_ram_bytes(host_ram, devices_per_host)
-    if ram is None:
-        return None
-    t = plan.target
-    per_host = host_sharing(t.platform, t.name, t.num_devices, t.topology, devices_per_host)
-    if per_host is None:
-        raise BadInput(f"--host-ram: target {t.name} has no host memory space to check")
-    return ram, per_host
-
-
-def host_ram_bytes(host_ram: str | int | None, devices_per_host: int | None) -> int | None:
-    """--host-ram in bytes (None when not given), with --devices-per-host checked beside it."""
-    if devices_per_host is not None:
-        if host_ram is None:
-            raise BadInput("--devices-per-host only applies with --host-ram")
-        if devices_per_host < 1:
-            raise BadInput(f"--devices-per-host must be a positive integer, got {devices_per_host}")
-    if host_ram is None:
-        return None
-    if isinstance(host_ram, str):
-        return parse_positive_size(host_ram, "--host-ram")
-    if host_ram < 1:
-        raise BadInput(f"--host-ram must be a positive size, got {host_ram}")
-    return host_ram
-
-
 def load(path: str | Path) -> Result:
     """A result saved with ``Result.save``, `--format json` or `memprobe baseline`."""
     return Result.load(Path(path))
@@ -280,8 +165,8 @@ def frame(result: Result) -> pd.DataFrame:
 
 
 def report(result: Result, fmt: str = "table", file: IO[str] | None = None) -> str | None:
-    """`memprobe report` as a call: ``result`` as table, markdown, json, csv or html: written to ``file``, or returned as a
-    string when no file is given."""
+    """`memprobe report` as a call: ``result`` as table, markdown, json, csv or html, written
+    to ``file``, or returned as a string when no file is given."""
     from memprobe.render import Format, render as render_to
 
     try:

@@ -381,6 +381,14 @@ def default_parallel(num_jobs: int) -> int:
     return max(1, min(os.cpu_count() or 1, num_jobs, available // HOST_BYTES_PER_COMPILE))
 
 
+def check_run(jobs: int | None, timeout_s: float) -> None:
+    """The options of any run of compiles, refused before the first."""
+    if jobs is not None and jobs < 1:
+        raise BadInput(f"--jobs must be a positive integer, got {jobs}")
+    if timeout_s <= 0:
+        raise BadInput(f"--timeout must be a positive number of seconds, got {timeout_s}")
+
+
 def compile_jobs(jobs: list[CompileJob], *, timeout_s: float = DEFAULT_TIMEOUT_S, parallel: int = 1,
                  on_event: Event | None = None, cache: ResultCache | None = None,
                  max_host_bytes: int | None = None) -> list[Measurement]:

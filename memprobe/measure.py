@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memprobe.errors import BadInput
+
+if TYPE_CHECKING:
+    from memprobe.targets import Target
 
 GIB = 1024**3
 
@@ -140,6 +143,35 @@ def with_host_ram(measurements: list[Measurement], host_ram_bytes: int,
     if all(m.devices_per_host is None for m in out):
         raise BadInput("--host-ram: no row is for a target with host memory (the cpu backend has none)")
     return out
+
+
+def host_ram_check(t: Target, host_ram: str | int | None,
+                   devices_per_host: int | None) -> tuple[int, int] | None:
+    """--host-ram and --devices-per-host for target ``t``, refused before any compile:
+    (host RAM in bytes, devices sharing it), or None when no host RAM was given."""
+    ram = parse_host_ram(host_ram, devices_per_host)
+    if ram is None:
+        return None
+    per_host = host_sharing(t.platform, t.name, t.num_devices, t.topology, devices_per_host)
+    if per_host is None:
+        raise BadInput(f"--host-ram: target {t.name} has no host memory space to check")
+    return ram, per_host
+
+
+def parse_host_ram(host_ram: str | int | None, devices_per_host: int | None) -> int | None:
+    """--host-ram in bytes (None when not given), with --devices-per-host checked beside it."""
+    if devices_per_host is not None:
+        if host_ram is None:
+            raise BadInput("--devices-per-host only applies with --host-ram")
+        if devices_per_host < 1:
+            raise BadInput(f"--devices-per-host must be a positive integer, got {devices_per_host}")
+    if host_ram is None:
+        return None
+    if isinstance(host_ram, str):
+        return parse_positive_size(host_ram, "--host-ram")
+    if host_ram < 1:
+        raise BadInput(f"--host-ram must be a positive size, got {host_ram}")
+    return host_ram
 
 
 def flops_ratio(m: Measurement, base: Measurement | None) -> float | None:

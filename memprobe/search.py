@@ -29,7 +29,8 @@ larger one fitting: full-size E2B ``scan-periods`` at batch 8 needs 102.44 GiB a
 largest size known to fit, and ``over_below`` lists the smaller sizes that are over.
 Every round compiles only sizes strictly between the largest that fits and the smallest
 over above it, so no size is compiled twice and the search always ends. Nothing here
-compiles or imports JAX; ``search`` is given a function that measures a set of sizes.
+compiles or imports JAX; ``search`` is given a function that measures a set of sizes, and
+``fit_plan`` (the search for a plan's strategies) a function that compiles a round.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from memprobe.measure import Measurement
+from memprobe.errors import BadInput
+from memprobe.measure import GIB, Measurement, host_ram_check, parse_positive_size, with_host_ram
+from memprobe.model._config import attention_block_size, default_loss_chunks
+from memprobe.plan import CompileJob, Plan, Shapes
 
 AXES = ("batch", "seq")  # what a fit varies: the per-device batch, or the sequence length
 
@@ -263,3 +267,79 @@ class FitResult:
         except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
             raise BadInput(f"{where}: not a memprobe fit result ({type(e).__name__}: {e})") from None
         return fit
+
+
+#: Compiles one round of a fit: (jobs, their labels, a line saying what they are) -> measurements.
+RoundRunner = Callable[[list[CompileJob], list[str], str], list[Measurement]]
+
+DEFAULT_MAX_BATCH = 1024
+DEFAULT_MAX_SEQ = 131072  # Gemma 4 small's context length
+DEFAULT_FIT_SEQ = 24576
+
+
+def fit_plan(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, *,
+             budget: str | int | None = None, host_ram: str | int | None = None,
+             devices_per_host: int | None = None) -> FitResult:
+    """The search of ``fit`` on a checked plan, whose shapes give what stays fixed; ``max_n``
+    sizes of ``unit`` along ``axis`` at most (see ``search_axis``). Checks the budget and host
+    RAM before the first round."""
+    if budget is not None:
+        limit = parse_positive_size(budget, "--budget") if isinstance(budget, str) else budget
+        source = "--budget"
+        if limit < 1:
+            raise BadInput(f"--budget must be a positive size, got {budget}")
+    elif plan.target.hbm_bytes is None:
+        raise BadInput(f"target {plan.target.name} has no HBM capacity to fit in; pass --budget SIZE")
+    else:
+        limit, source = plan.target.hbm_bytes, "HBM"
+    ram, per_host = host_ram_check(plan.target, host_ram, devices_per_host) or (None, None)
+    by_name = {s.name: s for s in plan.strategies}
+    measured: list[Measurement] = []
+    rounds = 0
+
+    def shapes(n: int) -> Shapes:
+        if axis == "batch":
+            return Shapes(plan.shapes.seq_len, n, plan.shapes.loss_chunks)
+        return Shapes(n * unit, plan.shapes.batch_per_device, default_loss_chunks(n * unit))
+
+    def measure(pairs: list[tuple[str, int]]) -> list[Measurement]:
+        nonlocal rounds
+        rounds += 1
+        wanted = [CompileJob(plan.model, by_name[name], plan.target, shapes(n), plan.step) for name, n in pairs]
+        sizes = "batch sizes" if axis == "batch" else "sequence lengths"
+        what = (f"{len(pairs)} {sizes} for {plan.model.name} on {plan.target.label} "
+                f"(round {rounds}, budget {limit / GIB:.2f} GiB)")
+        out = runner(wanted, [f"{name} {axis} {n * unit}" for name, n in pairs], what)
+        if ram is not None:
+            out = with_host_ram(out, ram, per_host)
+        measured.extend(out)
+        return out
+
+    result = FitResult([], measured, limit, source, max_n, host_ram=ram, devices_per_host=per_host,
+                       axis=axis, unit=unit)
+    result.searches = search(list(by_name), limit, max_n, measure, result.host_budget, axis, unit)
+    return result
+
+
+def search_axis(vary: str, seq: int | None, batch: int | None, max_batch: int | None, max_seq: int | None,
+                 loss_chunks: int | None) -> tuple[str, int, int, int, int]:
+    """What the search varies, in which steps and up to where, and the shape it holds fixed:
+    (axis, unit, largest n, seq and batch to plan with). Options that belong to the other
+    axis are refused rather than ignored."""
+    if vary == "batch":
+        for flag, value in (("--batch", batch), ("--max-seq", max_seq)):
+            if value is not None:
+                raise BadInput(f"{flag} applies with --vary seq; --vary batch searches the batch at --seq")
+        max_n = DEFAULT_MAX_BATCH if max_batch is None else max_batch
+        if max_n < 1:
+            raise BadInput(f"--max-batch must be a positive integer, got {max_n}")
+        return "batch", 1, max_n, DEFAULT_FIT_SEQ if seq is None else seq, 1
+    for flag, value in (("--seq", seq), ("--max-batch", max_batch), ("--loss-chunks", loss_chunks)):
+        if value is not None:
+            raise BadInput(f"{flag} does not apply with --vary seq, which searches the length "
+                           "(up to --max-seq, the loss in chunks of one attention block)")
+    unit = attention_block_size(DEFAULT_MAX_SEQ)
+    longest = DEFAULT_MAX_SEQ if max_seq is None else max_seq
+    if longest < unit or longest % unit:
+        raise BadInput(f"--max-seq must be a positive multiple of the attention block ({unit}), got {longest}")
+    return "seq", unit, longest // unit, unit, 1 if batch is None else batch

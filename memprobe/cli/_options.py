@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from memprobe.api import host_ram_bytes
+from memprobe.measure import parse_host_ram
 from memprobe.plan import Step
 from memprobe.render import Format
 
@@ -63,4 +63,4 @@ DevicesPerHost = Annotated[int | None, typer.Option(
 
 def host_ram_option(host_ram: str | None, devices_per_host: int | None) -> int | None:
     """--host-ram in bytes (None when not given), with --devices-per-host checked beside it."""
-    return host_ram_bytes(host_ram, devices_per_host)
+    return parse_host_ram(host_ram, devices_per_host)

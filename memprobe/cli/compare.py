@@ -9,12 +9,12 @@ from typing import Annotated
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from memprobe.api import check_run, host_ram_check, resolve_plan
+from memprobe.api import resolve_plan
 from memprobe.cache import ResultCache
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, write_result
-from memprobe.compile import DEFAULT_TIMEOUT_S, compile_jobs, default_host_cap, default_parallel
-from memprobe.measure import Measurement, parse_positive_size, with_host_ram
+from memprobe.compile import DEFAULT_TIMEOUT_S, check_run, compile_jobs, default_host_cap, default_parallel
+from memprobe.measure import Measurement, host_ram_check, parse_positive_size, with_host_ram
 from memprobe.plan import DEFAULT_MODEL, CompileJob, Plan, Step
 from memprobe.render import Format
 from memprobe.result import Result
@@ -51,7 +51,7 @@ def compare(
     plan = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
                              strategies_dir, loss_chunks, step)
     cap = check_run_options(timeout, jobs, max_host_memory)
-    ram = check_host_ram(plan, host_ram, devices_per_host)
+    ram = host_ram_check(plan.target, host_ram, devices_per_host)
     check_writable(output)
     check_writable(chart, "--chart")
     measurements = run_plan(plan, timeout, jobs, no_cache, cap)
@@ -115,10 +115,6 @@ def check_run_options(timeout: float, jobs: int | None, max_host_memory: str | N
     if max_host_memory is None:
         return default_host_cap()
     return parse_positive_size(max_host_memory, "--max-host-memory")
-
-
-def check_host_ram(plan: Plan, host_ram: str | None, devices_per_host: int | None) -> tuple[int, int] | None:
-    return host_ram_check(plan, host_ram, devices_per_host)
 
 
 def run_plan(plan: Plan, timeout: float, jobs: int | None, no_cache: bool,

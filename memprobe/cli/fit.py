@@ -8,14 +8,14 @@ from typing import Annotated
 
 import typer
 
-from memprobe.api import DEFAULT_FIT_SEQ as DEFAULT_SEQ
-from memprobe.api import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQ, fit_plan, search_axis
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, output_file
 from memprobe.cli.compare import check_run_options, plan_from_options, run_jobs
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.plan import DEFAULT_MODEL, Step
 from memprobe.render import FitFormat
+from memprobe.search import DEFAULT_FIT_SEQ as DEFAULT_SEQ
+from memprobe.search import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQ, fit_plan, search_axis
 from memprobe.targets import DEFAULT_TARGET
 
 
