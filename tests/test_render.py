@@ -4,6 +4,7 @@ import functools
 import io
 import json
 import re
+from pathlib import Path
 
 import matplotlib.image
 import numpy as np
@@ -131,3 +132,75 @@ def test_host_column_is_explained_only_where_a_row_offloads():
     assert "per device" in note and "not checked against the host's RAM" in note
     [cpu] = Result.from_json(json.loads(result_json())).comparisons
     assert not [n for n in footnotes(cpu) if n.startswith("host GiB")]
+
+
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
+ELLIPSIS = "\u2026"
+
+
+def _shown_columns(text: str) -> str:
+    """The header block of a rich table: the lines between the top rule and the one under the headers."""
+    lines = text.splitlines()
+    top = next(i for i, l in enumerate(lines) if l.startswith("┏"))
+    under = next(i for i, l in enumerate(lines) if l.startswith("┡"))
+    return " ".join(lines[top + 1:under])
+
+
+@pytest.mark.parametrize("width", [160, 130, 100, 80, 60])
+def test_a_narrow_terminal_loses_whole_columns_never_digits(width):
+    """The committed full-size E2B table (11 strategies, 13 columns) on terminals of each width:
+    no line wider than the terminal, nothing cut short with an ellipsis, every strategy's
+    peak in full on its row, and the caption naming exactly the columns left out."""
+    from memprobe.render import table
+
+    result = Result.load(REPORTS / "gemma4-e2b-seq24576-b8-tpu7x-8.json")
+    [group] = result.comparisons
+    out = io.StringIO()
+    table.render(group, out, width=width)
+    text = out.getvalue()
+    assert max(len(l) for l in text.splitlines()) <= width
+    assert ELLIPSIS not in text
+    for m in group:  # rank, strategy, peak: the first three cells of the row
+        assert re.search(rf"^│\s+\d+ │ {m.strategy}\s+│\s+{m.peak_bytes / 2**30:.2f} │", text, re.M), m.strategy
+    headers = _shown_columns(text)
+    left_out = re.search(r"Left out to fit \d+ columns: (.*?) \(a wider", " ".join(text.split()))
+    hidden = left_out.group(1).split(", ") if left_out else []
+    for always in ("strategy", "peak", "verdict"):
+        assert always in headers
+    for name in ("args", "XLA", "compile", "temp", "FLOPs"):
+        shown = name in headers
+        assert shown != any(h.startswith(name) for h in hidden), (name, headers, hidden)
+    assert (width >= 160) == (not hidden)
+
+
+@pytest.mark.parametrize("width", [100, 70])
+def test_a_narrow_fit_table_keeps_the_answer_and_every_digit(width):
+    from memprobe.render import FitFormat
+    from memprobe.render.fit import render as render_fit
+    from memprobe.search import FitResult
+
+    fit = FitResult.from_json(json.loads((REPORTS / "gemma4-e2b-seq24576-tpu7x-8-fit.json").read_text()))
+    out = io.StringIO()
+    render_fit(fit, FitFormat.TABLE, out, width=width)
+    text = out.getvalue()
+    assert max(len(l) for l in text.splitlines()) <= width and ELLIPSIS not in text
+    [line] = [l for l in text.splitlines() if "│ scan-checkpoint " in l]
+    assert re.search(r"│ scan-checkpoint\s+│\s+6 │", line), line  # the largest batch that fits
+    assert "89.79" in line and "103.31" in line  # the answer's peak and the next batch's
+    assert "Left out to fit" in text and "--format markdown," in " ".join(text.split())
+
+
+def test_a_table_too_wide_even_without_its_optional_columns_folds_cells_rather_than_cut_them():
+    from rich.console import Console
+
+    from memprobe.render.columns import Column, fitted_table
+
+    t = fitted_table("t", [Column("strategy", justify="left"), Column("peak bytes"), Column("temp", drop=1)],
+                     [["scan-layers-offload", "142,000,478,048", "1"]], [], 24)
+    out = io.StringIO()
+    Console(file=out, width=24).print(t)
+    text = out.getvalue()
+    assert ELLIPSIS not in text and "Left out to fit 24 columns: temp" in " ".join(text.split())
+    body = [l.strip("│").split("│") for l in text.splitlines() if l.startswith("│")]
+    strategy, peak = ("".join(cells[k].strip() for cells in body) for k in (0, 1))
+    assert (strategy, peak) == ("scan-layers-offload", "142,000,478,048")  # folded across lines, all there

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
 from memprobe.cli import _options as o
 from memprobe.cli.compare import check_run_options, run_plan
@@ -25,6 +25,7 @@ from memprobe.errors import BadInput
 from memprobe.gate import Tolerance, Verdict, baseline_plans, judge, load_baseline, summary, verdict_frame
 from memprobe.measure import parse_size
 from memprobe.render import terminal_width
+from memprobe.render.columns import Column, fitted_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -65,17 +66,24 @@ def check(
     return 0 if all(v.passed for v in verdicts) else 1
 
 
+# Left out first on a narrow terminal; the strategy, today's peak, its change and the status stay.
+_DROP = {"delta GiB": 1, "baseline GiB": 2, "host baseline bytes": 3, "now bytes": 4, "host now bytes": 5,
+         "configuration": 6}
+
+
 def _print(frame: pd.DataFrame, summary: str) -> None:
-    t = Table(title="memprobe check: per-device peak vs baseline (compiler estimate)")
-    for col in frame.columns:
-        t.add_column(col, justify="left" if col in ("configuration", "strategy", "status") else "right")
+    columns = [Column(col, justify="left" if col in ("configuration", "strategy", "status") else "right",
+                      wrap=col in ("configuration", "status"), drop=_DROP.get(col)) for col in frame.columns]
+    cells = []
     for row in frame.itertuples(index=False):
-        cells = [str(c) for c in row]
-        status = cells[-1]
-        cells[-1] = status if status in ("ok", "improved") else f"[bold red]{status}[/]"
-        t.add_row(*cells)
-    console = Console(width=terminal_width(sys.stdout))
-    console.print(t)
+        row_cells = [escape(str(c)) for c in row]
+        status = str(row[-1])
+        row_cells[-1] = row_cells[-1] if status in ("ok", "improved") else f"[bold red]{row_cells[-1]}[/]"
+        cells.append(row_cells)
+    width = terminal_width(sys.stdout)
+    console = Console(width=width)
+    console.print(fitted_table("memprobe check: per-device peak vs baseline (compiler estimate)", columns, cells,
+                               [], width, full=None))
     console.print(summary, markup=False, highlight=False)
 
 

@@ -189,18 +189,25 @@ def diff_notes(a: tuple[Measurement, Explanation], b: tuple[Measurement, Explana
     return out
 
 
+# Left out first on a narrow terminal: the compiler's value names, then exact bytes, shares,
+# layers and counts; the rank, size, shape and what the buffer is always stay.
+_DROP = {"HLO value": 1, "bytes": 2, "% of peak": 3, "% of host live": 3, "layer": 4}
+
+
 def render_table(frame: pd.DataFrame, heading: str, more: str, notes: list[str], file: IO[str],
                  width: int) -> None:
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
-    t = Table(title=heading, caption=escape("\n".join(([more] if more else []) + notes)), caption_justify="left")
-    for col in frame.columns:
-        t.add_column(str(col), justify="left" if col in ("shape", "what", "HLO value") else "right",
-                     no_wrap=col in ("shape", "HLO value"))
-    for row in frame.itertuples(index=False):
-        t.add_row(*(escape(str(v)) for v in row))
+    from memprobe.render.columns import Column, fitted_table
+
+    columns = [Column(str(col), justify="left" if col in ("shape", "what", "layer", "HLO value") else "right",
+                      wrap=col in ("what", "layer"),
+                      drop=_DROP.get(str(col), 5 if str(col).startswith("count ") else None))
+               for col in frame.columns]
+    cells = [[escape(str(v)) for v in row] for row in frame.itertuples(index=False)]
+    t = fitted_table(heading, columns, cells, ([more] if more else []) + notes, width,
+                     full="--format markdown or json")
     Console(file=file, width=width, soft_wrap=False).print(t)
 
 

@@ -127,14 +127,17 @@ def render(fit: FitResult, fmt_: FitFormat, file: IO[str], width: int | None = N
         return
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
     from memprobe.render import terminal_width
+    from memprobe.render.columns import Column, fitted_table
 
-    t = Table(title=title(fit), caption=escape("\n".join(footnotes(fit))), caption_justify="left")
-    for c in cols:
-        t.add_column(c, justify="left" if c in left else "right",
-                     style="bold" if c == NAMES[fit.axis][0] else None, no_wrap=c == "strategy")
-    for r in table:
-        t.add_row(*(escape(r[c]) for c in cols))
-    Console(file=file, width=width or terminal_width(file), soft_wrap=False).print(t)
+    size, amount, nxt, _ = NAMES[fit.axis]
+    # Left out first on a narrow terminal; the answer, its peak, the next size and the note stay.
+    drops = {"compiles": 1, amount: 2, "% of budget": 3, "peak bytes": 4, "its peak GiB": 5, "host GiB": 6,
+             f"{nxt} over": 7}
+    spec = [Column(c, justify="left" if c in left else "right", style="bold" if c == size else None,
+                   wrap=c in ("note", f"{nxt} over"), drop=drops.get(c)) for c in cols]
+    width = width or terminal_width(file)
+    t = fitted_table(title(fit), spec, [[escape(r[c]) for c in cols] for r in table], footnotes(fit), width,
+                     full="--format markdown")
+    Console(file=file, width=width, soft_wrap=False).print(t)

@@ -11,6 +11,7 @@ from rich.table import Table
 from memprobe.flags import sanity_flags
 from memprobe.measure import Measurement
 from memprobe.render import terminal_width
+from memprobe.render.columns import Column, fitted_table
 from memprobe.render.frame import comparison_frame, fmt, footnotes, title
 
 
@@ -26,39 +27,36 @@ def caption(measurements: list[Measurement]) -> str:
     return "\n".join(lines + footnotes(measurements))
 
 
-def build_table(measurements: list[Measurement]) -> Table:
+def build_table(measurements: list[Measurement], width: int = 160) -> Table:
     df = comparison_frame(measurements)
     base = measurements[0].strategy
-    t = Table(title=title(measurements[0]), caption=escape(caption(measurements)), caption_justify="left")
-    t.add_column("#", justify="right")
-    t.add_column("strategy", no_wrap=True)
-    t.add_column("peak GiB", justify="right", style="bold")
-    t.add_column("% HBM", justify="right")
-    t.add_column(f"vs {base}", justify="right")
-    t.add_column("temp GiB", justify="right")
-    t.add_column("args GiB", justify="right")
-    t.add_column("host GiB", justify="right")
-    t.add_column("XLA peak GiB", justify="right")
-    t.add_column(f"FLOPs vs {base}", justify="right")
-    t.add_column("verdict")
-    t.add_column("compile s", justify="right")
-    t.add_column("flags", style="yellow")  # over capacity or host RAM: the verdict column's
+    # Left out first on a narrow terminal: what the peak is made of and how long it took;
+    # the rank, strategy, peak and verdict always stay.
+    columns = [
+        Column("#"), Column("strategy", justify="left"), Column("peak GiB", style="bold"),
+        Column("% HBM", drop=8), Column(f"vs {base}", drop=6), Column("temp GiB", drop=4),
+        Column("args GiB", drop=1), Column("host GiB", drop=7), Column("XLA peak GiB", drop=2),
+        Column(f"FLOPs vs {base}", drop=5), Column("verdict", justify="left", wrap=True),
+        Column("compile s", drop=3),
+        Column("flags", justify="left", style="yellow", wrap=True, drop=9),  # the verdict's flags left out
+    ]
+    cells = []
     for row in df.itertuples(index=False):
         if isinstance(row.error, str):
-            t.add_row("-", row.strategy, "-", "-", "-", "-", "-", "-", "-", "-",
-                      "[bold red]failed[/]", "-", "")
+            cells.append(["-", escape(row.strategy), "-", "-", "-", "-", "-", "-", "-", "-",
+                          "[bold red]failed[/]", "-", ""])
             continue
-        t.add_row(
-            str(row.rank), row.strategy, fmt(row.peak_gib), fmt(row.pct_of_hbm, ".0f", "%"),
+        cells.append([
+            str(row.rank), escape(row.strategy), fmt(row.peak_gib), fmt(row.pct_of_hbm, ".0f", "%"),
             fmt(row.delta_gib, "+.2f"), fmt(row.temp_gib), fmt(row.argument_gib),
             fmt(row.host_gib), fmt(row.xla_peak_gib), fmt(row.flops_ratio, ".2f", "x"), _verdict(row.verdict),
             "cached" if row.cached else fmt(row.compile_s, ".0f"), escape(row.other_flags),
-        )
-    return t
+        ])
+    return fitted_table(title(measurements[0]), columns, cells, caption(measurements).split("\n"), width)
 
 
 def render(measurements: list[Measurement], file: IO[str], *, width: int | None = None) -> None:
     """Writes the ranked comparison table to ``file``."""
-    console = Console(file=file, width=width or terminal_width(file), soft_wrap=False)
-    console.print(build_table(measurements))
-
+    width = width or terminal_width(file)
+    console = Console(file=file, width=width, soft_wrap=False)
+    console.print(build_table(measurements, width))
