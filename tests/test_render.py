@@ -204,3 +204,21 @@ def test_a_table_too_wide_even_without_its_optional_columns_folds_cells_rather_t
     body = [l.strip("│").split("│") for l in text.splitlines() if l.startswith("│")]
     strategy, peak = ("".join(cells[k].strip() for cells in body) for k in (0, 1))
     assert (strategy, peak) == ("scan-layers-offload", "142,000,478,048")  # folded across lines, all there
+
+
+@pytest.mark.parametrize("width", [220, 100, 60])
+def test_the_strategy_catalogue_never_breaks_a_name_or_knob(width):
+    from rich.console import Console
+
+    from memprobe.cli.strategies import print_catalogue
+    from memprobe.strategy import load_catalogue
+
+    catalogue = load_catalogue()
+    out = io.StringIO()
+    print_catalogue(list(catalogue.values()), Console(file=out, width=width))
+    text = out.getvalue()
+    assert max(len(l) for l in text.splitlines()) <= width and ELLIPSIS not in text
+    for name, s in catalogue.items():  # each name and its policy whole, on one line
+        assert re.search(rf"(^│ |^){re.escape(name)}( +│|:)", text, re.M), name
+        assert s.knobs()["policy"] in text
+    assert ("┏" in text) == (width == 220)  # a table where it fits, else one block per strategy

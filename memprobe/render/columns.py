@@ -41,6 +41,13 @@ def _need(column: Column, cells: list[str], whole_header: bool) -> tuple[int, in
     return least, max([least, header, *(_width(cell, False) for cell in cells)])
 
 
+def narrowest(columns: list[Column], rows: list[list[str]]) -> int:
+    """The fewest terminal columns ``fitted_table`` needs without breaking a word: the
+    columns that are never left out, headers broken at spaces."""
+    keep = [i for i, c in enumerate(columns) if c.drop is None]
+    return 1 + sum(_need(columns[i], [row[i] for row in rows], False)[0] + 3 for i in keep)
+
+
 def fitted_table(title: str, columns: list[Column], rows: list[list[str]], caption: list[str],
                  width: int, full: str | None = "--format markdown or csv") -> Table:
     """A rich table of ``rows`` (cells in rich markup) for a terminal ``width`` columns wide:
