@@ -9,9 +9,9 @@ import pytest
 
 from conftest import jobs_for
 from memprobe.compile import compile_job
-from memprobe.search import FitResult, search
 from memprobe.measure import Measurement
 from memprobe.plan import Shapes
+from memprobe.search import FitResult, search
 from memprobe.render.fit import _note
 from memprobe.targets import resolve_target
 from test_cli import memprobe

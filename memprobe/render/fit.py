@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from typing import IO
 
-from memprobe.search import FitResult, StrategySearch
 from memprobe.measure import GIB
 from memprobe.render import FitFormat
 from memprobe.render.frame import PEAK_FORMULA, devices, fmt, versions_line, where
+from memprobe.search import FitResult, StrategySearch
 
 
 NAMES = {  # per axis: the size's column, what it amounts to, the next size's column, its flag
