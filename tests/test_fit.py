@@ -11,8 +11,8 @@ from conftest import jobs_for
 from memprobe.compile import compile_job
 from memprobe.measure import Measurement
 from memprobe.plan import Shapes
-from memprobe.search import FitResult, search
 from memprobe.render.fit import _note
+from memprobe.search import FitResult, search
 from memprobe.targets import resolve_target
 from test_cli import memprobe
 
