@@ -58,6 +58,7 @@ def test_timed_out_compile_is_a_failed_row_and_exit_1():
 COMPARE_BAD = [
     (["--seq", "-5"], "--seq must be a positive integer, got -5"),
     (["--seq", "abc"], "Invalid value for '--seq'"),
+    (["--format", "yaml"], "Invalid value for '--format': 'yaml' is not one of 'table', 'markdown', 'json'"),
     (["--batch", "0"], "--batch must be a positive integer, got 0"),
     (["--seq", "1000"], "--seq 1000 is not a multiple of the attention block (512)"),
     (["--seq", "1024", "--loss-chunks", "3"], "--loss-chunks 3 does not divide --seq 1024"),

@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exit as e:
         return e.exit_code
     except TyperException as e:  # usage errors: unknown option, a value of the wrong type
-        err.print(f"memprobe: error: {e.format_message()}", markup=False)
+        # An enum option's message carries pydantic's "Value error, " prefix: noise to a user.
+        err.print(f"memprobe: error: {e.format_message().replace('Value error, ', '')}", markup=False)
         return e.exit_code
     except (Abort, KeyboardInterrupt):
         return _interrupted()
