@@ -41,11 +41,15 @@ def _need(column: Column, cells: list[str], whole_header: bool) -> tuple[int, in
     return least, max([least, header, *(_width(cell, False) for cell in cells)])
 
 
+def _total(widths: list[int]) -> int:
+    """A table's width from its columns': padding (2) and a rule (1) each, and the outer edge."""
+    return 1 + sum(w + 3 for w in widths)
+
+
 def narrowest(columns: list[Column], rows: list[list[str]]) -> int:
     """The fewest terminal columns ``fitted_table`` needs without breaking a word: the
     columns that are never left out, headers broken at spaces."""
-    keep = [i for i, c in enumerate(columns) if c.drop is None]
-    return 1 + sum(_need(columns[i], [row[i] for row in rows], False)[0] + 3 for i in keep)
+    return _total([_need(c, [row[i] for row in rows], False)[0] for i, c in enumerate(columns) if c.drop is None])
 
 
 def fitted_table(title: str, columns: list[Column], rows: list[list[str]], caption: list[str],
@@ -55,23 +59,20 @@ def fitted_table(title: str, columns: list[Column], rows: list[list[str]], capti
     it is still too wide, columns with a ``drop`` order left out, lowest first. Every column
     gets a fixed width, so rich never narrows one below its longest word. ``full`` names the
     formats that show every column, for the caption (None: only a wider terminal)."""
-    def needs(keep: list[int], whole: bool) -> list[tuple[int, int]]:
-        return [_need(columns[i], [row[i] for row in rows], whole) for i in keep]
-
-    def total(widths: list[int]) -> int:
-        return 1 + sum(w + 3 for w in widths)  # padding (2) and a rule (1) each, and the outer edge
-
+    by_column = [[row[i] for row in rows] for i in range(len(columns))]
+    whole_needs = [_need(c, cells, True) for c, cells in zip(columns, by_column)]
+    broken_needs = [_need(c, cells, False) for c, cells in zip(columns, by_column)]
     shown = list(range(len(columns)))
-    whole = total([least for least, _ in needs(shown, True)]) <= width
+    whole = _total([whole_needs[i][0] for i in shown]) <= width
     hidden = []
     for _, i in sorted((c.drop, i) for i, c in enumerate(columns) if c.drop is not None):
-        if whole or total([least for least, _ in needs(shown, False)]) <= width:
+        if whole or _total([broken_needs[i][0] for i in shown]) <= width:
             break
         shown.remove(i)
         hidden.append(columns[i].header)
-    sizes = needs(shown, whole)
+    sizes = [(whole_needs if whole else broken_needs)[i] for i in shown]
     widths = [least for least, _ in sizes]
-    slack = width - total(widths)
+    slack = width - _total(widths)
     # Room left over goes to prose first, so it breaks less, then to headers, so they break less.
     for k, (least, wanted) in [(k, n) for k, n in enumerate(sizes) if columns[shown[k]].wrap] + list(enumerate(sizes)):
         extra = max(0, min(slack, wanted - widths[k]))
