@@ -15,8 +15,8 @@ from typing import IO, TYPE_CHECKING
 from memprobe.cache import ResultCache
 from memprobe.compile import DEFAULT_TIMEOUT_S, check_run, compile_jobs, default_host_cap, default_parallel
 from memprobe.errors import BadInput
-from memprobe.gate import Tolerance, Verdict, baseline_plans, judge, load_baseline
-from memprobe.measure import Measurement, parse_size
+from memprobe.gate import Tolerance, Verdict, limits, load_baseline, recheck
+from memprobe.measure import Measurement
 from memprobe.plan import DEFAULT_MODEL, CompileJob, Plan, Step, make_plan
 from memprobe.result import Result
 from memprobe.search import AXES, FitResult, RoundRunner, fit_plan, search_axis
@@ -111,15 +111,11 @@ def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: 
     ``Verdict`` per strategy (``passed``; ``status`` "ok", "improved", "regressed", "over
     budget", "host regressed" or "failed"). ``tolerance`` like "2%" or "0.5GiB";
     ``max_peak`` a size like "90GiB" or bytes. Every plan is checked before anything compiles."""
-    tol = tolerance if isinstance(tolerance, Tolerance) else Tolerance.parse(tolerance)
-    budget = parse_size(max_peak, "max_peak") if isinstance(max_peak, str) else max_peak
+    tol, budget = limits(tolerance, max_peak)
     base = load_baseline(Path(baseline), allow_version_drift)
-    verdicts = []
-    for group, plan in baseline_plans(base, Path(baseline)):
-        now = run(plan, jobs=jobs, timeout_s=timeout_s, cache=cache, max_host_bytes=max_host_bytes,
-                  on_event=on_event).measurements
-        verdicts += [judge(b, n, tol, budget) for b, n in zip(group, now)]
-    return verdicts
+    return recheck(base, Path(baseline), tol, budget,
+                   lambda plan: run(plan, jobs=jobs, timeout_s=timeout_s, cache=cache,
+                                    max_host_bytes=max_host_bytes, on_event=on_event).measurements)
 
 
 def fit(*, vary: str = "batch", seq: int | None = None, batch: int | None = None, model: str = DEFAULT_MODEL,

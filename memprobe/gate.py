@@ -4,6 +4,7 @@ strategy out. `memprobe check` and ``memprobe.check`` are built on it."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -133,6 +134,22 @@ def baseline_plans(base: Result, where: Path) -> list[tuple[list[Measurement], P
                                        batch_per_device=m0.batch_per_device, loss_chunks=m0.loss_chunks,
                                        step=step)))
     return plans
+
+
+def limits(tolerance: str | Tolerance, max_peak: str | int | None) -> tuple[Tolerance, int | None]:
+    """--tolerance ("2%", "0.5GiB") and --max-peak ("90GiB", or bytes) as the gate uses them."""
+    tol = tolerance if isinstance(tolerance, Tolerance) else Tolerance.parse(tolerance)
+    return tol, parse_size(max_peak, "--max-peak") if isinstance(max_peak, str) else max_peak
+
+
+def recheck(base: Result, where: Path, tolerance: Tolerance, max_peak: int | None,
+            compile_plan: Callable[[Plan], list[Measurement]]) -> list[Verdict]:
+    """Every configuration of the baseline compiled again by ``compile_plan`` (all of them
+    planned before the first compile) and judged, one verdict per strategy."""
+    verdicts: list[Verdict] = []
+    for group, plan in baseline_plans(base, where):
+        verdicts += [judge(b, n, tolerance, max_peak) for b, n in zip(group, compile_plan(plan))]
+    return verdicts
 
 
 def summary(verdicts: list[Verdict], tolerance: Tolerance, max_peak: int | None) -> str:

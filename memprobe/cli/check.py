@@ -22,8 +22,7 @@ from memprobe.cli import _options as o
 from memprobe.cli.compare import check_run_options, run_plan
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.errors import BadInput
-from memprobe.gate import Tolerance, Verdict, baseline_plans, judge, load_baseline, summary, verdict_frame
-from memprobe.measure import parse_size
+from memprobe.gate import limits, load_baseline, recheck, summary, verdict_frame
 from memprobe.render import terminal_width
 from memprobe.render.columns import Column, fitted_table
 
@@ -51,14 +50,10 @@ def check(
     a regression, a peak over budget or a failed compile. Exit 2: bad input. With $GITHUB_STEP_SUMMARY set, the
     table is also appended there as markdown.
     """
-    tol = Tolerance.parse(tolerance)
-    budget = parse_size(max_peak, "--max-peak") if max_peak is not None else None
+    tol, budget = limits(tolerance, max_peak)
     cap = check_run_options(timeout, jobs, max_host_memory)
     base = load_baseline(baseline, allow_version_drift)
-    verdicts: list[Verdict] = []
-    for group, plan in baseline_plans(base, baseline):
-        now = run_plan(plan, timeout, jobs, no_cache, cap)
-        verdicts += [judge(b, n, tol, budget) for b, n in zip(group, now)]
+    verdicts = recheck(base, baseline, tol, budget, lambda plan: run_plan(plan, timeout, jobs, no_cache, cap))
     frame = verdict_frame(verdicts)
     line = summary(verdicts, tol, budget)
     _print(frame, line)
