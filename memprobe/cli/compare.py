@@ -141,16 +141,15 @@ def run_jobs(jobs: list[CompileJob], what: str, timeout: float, parallel: int | 
 
 def strategy_names(strategies: str | None) -> list[str] | str | None:
     """--strategies for ``resolve_plan``: None (the four families), 'all' (every built-in) or
-    the names of a comma-separated list, each once."""
+    the names of a comma-separated list; a name given twice is said here, and planned once there."""
     if strategies is None or strategies.strip() == "all":
         return None if strategies is None else "all"
     names = [n.strip() for n in strategies.split(",") if n.strip()]
-    unique = list(dict.fromkeys(names))
-    if len(unique) < len(names):  # one row per strategy: a second would only repeat the first
-        twice = [n for n in unique if names.count(n) > 1]
+    twice = [n for n in dict.fromkeys(names) if names.count(n) > 1]
+    if twice:
         messages().print(f"memprobe: {', '.join(twice)} named more than once in --strategies; "
                          "measured once")
-    return unique
+    return names
 
 
 def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, parallel: int, cache,
