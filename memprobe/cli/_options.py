@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from memprobe.measure import parse_host_ram
 from memprobe.plan import Step
 from memprobe.render import Format
 
@@ -60,7 +59,3 @@ DevicesPerHost = Annotated[int | None, typer.Option(
     "--devices-per-host", help="Devices that share one host's RAM, for --host-ram (default: TPU as "
     "libtpu lays hosts out, 2x2 chips; GPU the devices up to 8; an 8-chip single-host v5e/v6e VM needs 8).")]
 
-
-def host_ram_option(host_ram: str | None, devices_per_host: int | None) -> int | None:
-    """--host-ram in bytes (None when not given), with --devices-per-host checked beside it."""
-    return parse_host_ram(host_ram, devices_per_host)

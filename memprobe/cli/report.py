@@ -11,7 +11,7 @@ import typer
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, output_file, write_result
 from memprobe.errors import BadInput
-from memprobe.measure import with_host_ram
+from memprobe.measure import parse_host_ram, with_host_ram
 from memprobe.render import FitFormat, Format
 from memprobe.result import Result, read_json
 
@@ -30,7 +30,7 @@ def report(
     """Re-render saved results (table, markdown, json, csv, html) without recompiling, several
     merged into one; with --host-ram, judge offload rows against a host's RAM too. A `fit`
     result renders on its own, as table, markdown or json."""
-    ram = o.host_ram_option(host_ram, devices_per_host)
+    ram = parse_host_ram(host_ram, devices_per_host)
     loaded_files = []
     for path in results:
         data = read_json(path)
