@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 _PUBLIC = {
     "compare": "memprobe.api", "run": "memprobe.api", "resolve_plan": "memprobe.api",
     "load": "memprobe.api", "frame": "memprobe.api", "report": "memprobe.api", "check": "memprobe.api",
-    "fit": "memprobe.api", "FitResult": "memprobe.search",
+    "fit": "memprobe.api", "FitResult": "memprobe.search", "explain": "memprobe.api",
+    "Explained": "memprobe.liveness", "Explanation": "memprobe.liveness",
     "Tolerance": "memprobe.gate", "Verdict": "memprobe.gate",
     "Result": "memprobe.result", "Measurement": "memprobe.measure", "Plan": "memprobe.plan",
     "Strategy": "memprobe.strategy", "Loop": "memprobe.strategy", "Policy": "memprobe.strategy",
@@ -29,7 +30,8 @@ _PUBLIC = {
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
-    from memprobe.api import check, compare, fit, frame, load, report, resolve_plan, run
+    from memprobe.api import check, compare, explain, fit, frame, load, report, resolve_plan, run
+    from memprobe.liveness import Explained, Explanation
     from memprobe.search import FitResult
     from memprobe.gate import Tolerance, Verdict
     from memprobe.errors import BadInput, MemprobeError

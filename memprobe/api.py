@@ -8,14 +8,17 @@ never an exception, so the other strategies' figures are kept.
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from memprobe.cache import ResultCache
-from memprobe.compile import DEFAULT_TIMEOUT_S, check_run, compile_jobs, default_host_cap, default_parallel
+from memprobe.compile import (DEFAULT_TIMEOUT_S, check_run, compile_environment, compile_jobs, default_host_cap,
+                              default_parallel, explain_isolated, map_stoppable)
 from memprobe.errors import BadInput
 from memprobe.gate import Tolerance, Verdict, limits, load_baseline, recheck
+from memprobe.liveness import Explained, Explanation
 from memprobe.measure import Measurement
 from memprobe.plan import DEFAULT_MODEL, CompileJob, Plan, Step, make_plan
 from memprobe.result import Result
@@ -27,7 +30,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 #: ``on_event(strategy, state, seconds)``: state is "cached", "tracing", "compiling" (with the
-#: seconds so far, four times a second), "done" or "failed" (with the compile's seconds).
+#: seconds so far, four times a second), "done" or "failed" (with the compile's seconds;
+#: for ``explain``, the seconds of its compile process).
 OnEvent = Callable[[str, str, float], None]
 
 
@@ -147,6 +151,74 @@ def fit(*, vary: str = "batch", seq: int | None = None, batch: int | None = None
                     devices_per_host=devices_per_host)
 
 
+def explain(strategy: str | Strategy | None = None, *, diff: Sequence[str | Strategy] | None = None,
+            seq: int = 24576, batch: int = 8, model: str = DEFAULT_MODEL, target: str = DEFAULT_TARGET,
+            devices: int | None = None, topology: str | None = None, strategy_files: Iterable[Path] = (),
+            strategies_dirs: Iterable[Path] = (), loss_chunks: int | None = None, step: Step | str = Step.TRAIN,
+            timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True, max_host_bytes: int | None = None,
+            on_event: OnEvent | None = None) -> Explained:
+    """`memprobe explain` as a call: one ``strategy`` (or the two of ``diff``) compiled with the
+    compiler's dump files on, and the buffers live at each one's peak. ``Explained.diff``
+    groups what separates the two; ``report(explained, fmt)`` renders it like the CLI. A
+    failed compile leaves its explanation None (``Explained.failed``), never an exception,
+    and the other strategy's answer is kept. Both of a diff compile at once where host
+    memory allows two compiles; answers are kept in the results cache."""
+    plan = explain_plan(strategy, diff, seq=seq, batch=batch, model=model, target=target, devices=devices,
+                        topology=topology, strategy_files=strategy_files, strategies_dirs=strategies_dirs,
+                        loss_chunks=loss_chunks, step=step)
+    return run_explain(plan, timeout_s=timeout_s, cache=cache, max_host_bytes=max_host_bytes, on_event=on_event)
+
+
+def explain_plan(strategy: str | Strategy | None, diff: Sequence[str | Strategy] | None, **plan) -> Plan:
+    """The checked plan of an ``explain``: one strategy, or two different ones to diff;
+    ``plan`` takes ``resolve_plan``'s keywords but ``strategies``."""
+    if (strategy is None) == (diff is None):
+        raise BadInput("give exactly one of --strategy NAME or --diff A B")
+    if diff is not None and (isinstance(diff, (str, Strategy)) or len(diff) != 2):
+        raise BadInput("--diff needs two strategies, A B")
+    wanted = [strategy] if diff is None else list(diff)
+    names = [s.name if isinstance(s, Strategy) else s for s in wanted]
+    if len(set(names)) != len(names):
+        raise BadInput(f"--diff needs two different strategies, got {names[0]} twice")
+    return resolve_plan(strategies=wanted, **plan)[0]
+
+
+def run_explain(plan: Plan, *, timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True,
+                max_host_bytes: int | None = None, on_event: OnEvent | None = None) -> Explained:
+    """Compiles (or answers from the results cache) ``plan``'s strategies with dumps on, at
+    once where host memory allows, and reads what is live at each peak."""
+    check_run(None, timeout_s)
+    cap = default_host_cap() if max_host_bytes is None else max_host_bytes
+    store = ResultCache() if cache else None
+    jobs = plan.jobs()
+    return Explained(map_stoppable(lambda job, stop: _explain_one(job, timeout_s, cap, store, on_event, stop),
+                                   jobs, default_parallel(len(jobs))))
+
+
+def _explain_one(job: CompileJob, timeout_s: float, cap: int | None, store: ResultCache | None,
+                 on_event: OnEvent | None, stop) -> tuple[Measurement, Explanation | None]:
+    name, env = job.strategy.name, compile_environment(job.target)
+    hit = store.get_explained(job, env) if store else None
+    if hit:
+        if on_event:
+            on_event(name, "cached", 0.0)
+        return hit[0], Explanation.from_dict(hit[1])
+    if on_event:
+        on_event(name, "compiling", 0.0)
+    tick = (lambda seconds: on_event(name, "compiling", seconds)) if on_event else None
+    started = time.monotonic()
+    m, explanation = explain_isolated(job, timeout_s, tick, cap, stop)
+    if not m.ok or explanation is None:
+        if on_event:
+            on_event(name, "failed", time.monotonic() - started)
+        return m, None
+    if store:
+        store.put_explained(job, env, m, explanation)
+    if on_event:
+        on_event(name, "done", time.monotonic() - started)
+    return m, Explanation.from_dict(explanation)
+
+
 def load(path: str | Path) -> Result:
     """A result saved with ``Result.save``, `--format json` or `memprobe baseline`."""
     return Result.load(Path(path))
@@ -160,18 +232,23 @@ def frame(result: Result) -> pd.DataFrame:
     return csv_frame(result)
 
 
-def report(result: Result, fmt: str = "table", file: IO[str] | None = None) -> str | None:
+def report(result: Result | Explained, fmt: str = "table", file: IO[str] | None = None, *,
+           top: int = 20) -> str | None:
     """`memprobe report` as a call: ``result`` as table, markdown, json, csv or html, written
-    to ``file``, or returned as a string when no file is given."""
-    from memprobe.render import Format, render as render_to
+    to ``file``, or returned as a string when no file is given. An ``explain`` answer renders
+    as `memprobe explain` prints it (table, markdown or json), ``top`` buffers or diff groups
+    listed and the rest summed."""
+    from memprobe.render import EXPLAIN_FORMATS, Format, render as render_to
 
-    try:
-        chosen = Format(fmt)
-    except ValueError:
-        raise BadInput(f"unknown format {fmt!r} (known: {', '.join(f.value for f in Format)})") from None
-    if file is not None:
-        render_to(result, chosen, file)
-        return None
-    out = io.StringIO()
-    render_to(result, chosen, out)
-    return out.getvalue()
+    known = EXPLAIN_FORMATS if isinstance(result, Explained) else tuple(f.value for f in Format)
+    if fmt not in known:
+        raise BadInput(f"unknown format {fmt!r} (known: {', '.join(known)})")
+    out = file if file is not None else io.StringIO()
+    if isinstance(result, Explained):
+        from memprobe.render.explain import check_top, write  # pandas, only for an explain answer
+
+        check_top(top)
+        write(result, fmt, out, top)
+    else:
+        render_to(result, Format(fmt), out)
+    return None if file is not None else out.getvalue()

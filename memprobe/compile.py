@@ -172,7 +172,7 @@ def trace_job(job: CompileJob) -> int:
 
 def explain_job(job: CompileJob) -> tuple[Measurement, dict]:
     """Compiles one job with the compiler's dump files on, and reads what is live at the peak."""
-    from memprobe.explain import explain_dump
+    from memprobe.liveness import explain_dump
 
     with tempfile.TemporaryDirectory(prefix="memprobe-dump-") as dump:
         m = compile_job(job, compiler_options={"xla_dump_to": dump})

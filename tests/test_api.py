@@ -148,3 +148,89 @@ def test_fit_bad_input_raises_badinput(kwargs, message):
     with pytest.raises(memprobe.BadInput) as e:
         memprobe.fit(**{**FIT, "budget": "100MiB", **kwargs})
     assert message in str(e.value)
+
+
+def test_explain_lists_what_is_live_at_each_peak_and_what_separates_two():
+    from memprobe.render.explain import peak_parts
+
+    events = []
+    ex = memprobe.explain(diff=["unrolled", "checkpoint"], **TINY,
+                          on_event=lambda name, state, s: events.append((name, state)))
+    assert ex.ok and [m.strategy for m, _ in ex.answers] == ["unrolled", "checkpoint"]
+    for name in ("unrolled", "checkpoint"):
+        assert [st for n, st in events if n == name][-1] in ("cached", "done"), events
+    # Dump files on or off, the compiler's figures are the same to the byte.
+    compared = memprobe.compare(**TINY, strategies=["unrolled", "checkpoint"])
+    assert [m.peak_bytes for m, _ in ex.answers] == [m.peak_bytes for m in compared.measurements]
+    for m, e in ex.answers:
+        assert e.heap_top_bytes == e.heap_bytes == m.temp_bytes  # the CPU backend's temp is its heap
+        assert e.peak_live_bytes == sum(b.bytes for b in e.buffers) <= m.peak_bytes
+        parts = peak_parts(m, e)  # constants sit beside the CPU temp: no part is negative
+        assert sum(parts.values()) == m.peak_bytes and min(parts.values()) >= 0, parts
+    # The groups that differ account for the whole gap in live bytes, the saved forward
+    # activations (which checkpoint recomputes) first.
+    (_, a), (_, b) = ex.answers
+    assert sum(r["delta_bytes"] for r in ex.diff) == b.peak_live_bytes - a.peak_live_bytes < 0
+    assert ex.diff[0]["label"] == "forward mlp_hidden dot_general" and ex.diff[0]["delta_bytes"] < 0
+    assert ex.explanation("checkpoint") is b
+
+    # The library renders as the CLI prints (the CLI adds its command line), and says CPU.
+    md = memprobe.report(ex, "markdown", top=5)
+    cli = subprocess.run([sys.executable, "-m", "memprobe", "explain", "--diff", "unrolled", "checkpoint",
+                          "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--batch", "1",
+                          "--format", "markdown", "--top", "5"], capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stderr
+    assert [l for l in cli.stdout.splitlines() if not l.startswith("- Command:")] == md.splitlines()
+    assert "Busiest point of device memory" in md and "CPU backend figures" in md and "HBM" not in md
+    data = json.loads(memprobe.report(ex, "json"))
+    assert [s["measurement"]["peak_bytes"] for s in data["strategies"]] == [m.peak_bytes for m, _ in ex.answers]
+    assert data["diff"] == ex.diff
+
+
+def test_explain_keeps_one_answer_when_the_other_compile_fails(tmp_path):
+    memprobe.explain("checkpoint", **TINY)  # now in the results cache
+    # Knobs no other test compiles, so the half-second timeout catches its compile.
+    slow = memprobe.Strategy(name="slow", description="checkpoint, attention output saved",
+                             loop=memprobe.Loop.CHECKPOINT, policy=memprobe.Policy.NAMES, save=("attention_out",))
+    ex = memprobe.explain(diff=[slow, "checkpoint"], **TINY, timeout_s=0.5)
+    assert not ex.ok and ex.diff is None
+    (failed,) = ex.failed
+    assert failed.strategy == "slow" and failed.error.startswith("timed out after")
+    assert ex.explanation("checkpoint").peak_live_bytes > 0
+    md = memprobe.report(ex, "markdown")
+    assert "- slow failed: timed out after" in md and "## Live at the peak: checkpoint" in md
+    data = json.loads(memprobe.report(ex, "json"))
+    assert data["strategies"][0]["explanation"] is None and "diff" not in data
+    # The CLI prints the answer it has, and exits 1 for the one it has not.
+    f = tmp_path / "slow.toml"
+    f.write_text('description = "the same, from a file"\nloop = "checkpoint"\npolicy = "names"\n'
+                 'save = ["attention_out"]\n')
+    cli = subprocess.run([sys.executable, "-m", "memprobe", "explain", "--diff", "slow", "checkpoint",
+                          "--strategy-file", str(f), "--timeout", "0.5", "--model", "tiny-e2b", "--target", "cpu",
+                          "--seq", "256", "--batch", "1", "--top", "3", "--format", "markdown"],
+                         capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 1, cli.stderr
+    assert "- slow failed: timed out after" in cli.stdout and "## Live at the peak: checkpoint" in cli.stdout
+    assert "memprobe: slow: failed after" in cli.stderr and "Traceback" not in cli.stderr
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(), "give exactly one of --strategy NAME or --diff A B"),
+    (dict(strategy="checkpoint", diff=["unrolled", "checkpoint"]), "give exactly one of --strategy NAME"),
+    (dict(diff="checkpoint"), "--diff needs two strategies, A B"),
+    (dict(diff=["checkpoint"]), "--diff needs two strategies, A B"),
+    (dict(diff=["checkpoint", "checkpoint"]), "--diff needs two different strategies, got checkpoint twice"),
+    (dict(strategy="fastest"), "unknown strategy 'fastest'"),
+    (dict(strategy="checkpoint", seq=0), "--seq must be a positive integer, got 0"),
+])
+def test_explain_refuses_bad_input_before_any_compile(kwargs, message):
+    with pytest.raises(memprobe.BadInput, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        memprobe.explain(**{**TINY, **kwargs})
+
+
+def test_an_explain_answer_renders_only_in_its_formats():
+    ex = memprobe.Explained([])
+    with pytest.raises(memprobe.BadInput, match=r"unknown format 'csv' \(known: table, markdown, json\)"):
+        memprobe.report(ex, "csv")
+    with pytest.raises(memprobe.BadInput, match="--top must be a positive integer, got 0"):
+        memprobe.report(ex, "table", top=0)

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import jobs_for
 from memprobe.compile import compile_job, explain_job
-from memprobe.explain import Explanation
+from memprobe.liveness import Explanation
 from memprobe.render.explain import peak_parts
 from memprobe.targets import resolve_target
 

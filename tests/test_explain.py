@@ -1,6 +1,7 @@
 """`memprobe explain`: the compiler's buffer listing, named in the model's terms."""
 
 import dataclasses
+import io
 import json
 import os
 import subprocess
@@ -8,12 +9,10 @@ import sys
 
 import pytest
 
-from memprobe.explain import (Buffer, Explanation, diff, explain_dump, name_buffer, parse_assignment,
-                              parse_hlo, parse_live_range, sweep)
-from memprobe.cli.explain import ExplainFormat
-from memprobe.cli.explain import _write as write_answers
+from memprobe.liveness import (Buffer, Explained, Explanation, diff, explain_dump, name_buffer, parse_assignment,
+                               parse_hlo, parse_live_range, sweep)
 from memprobe.measure import Measurement
-from memprobe.render.explain import curve_png, diff_notes, explain_notes, host_frame, host_notes
+from memprobe.render.explain import curve_png, diff_notes, explain_notes, host_frame, host_notes, write
 from memprobe.model import PRESETS
 
 HLO = """ENTRY %main (param.1: f32[4,8]) -> f32[4,8] {
@@ -133,9 +132,9 @@ def test_explain_dump_sizes_host_memory_beside_hbm(tmp_path):
     assert "1,024 bytes) of it the buffer assignment places nowhere." in host_notes(larger, e)[-1]
     smaller = dataclasses.replace(m, host_temp_bytes=1024)
     assert "1,024 bytes) more than the host temp." in host_notes(smaller, e)[-1]
-    out = tmp_path / "explain.md"
-    write_answers([(m, e)], ExplainFormat.MARKDOWN, out, None, 5)
-    sections = out.read_text().split("## ")[1:]
+    out = io.StringIO()
+    write(Explained([(m, e)]), "markdown", out, 5)
+    sections = out.getvalue().split("## ")[1:]
     assert [x.split(":")[0] for x in sections] == ["Live at the peak", "In host memory where the most is live"]
     assert "| 2,048 " in sections[1] and "all of it placed" in sections[1]
     # A diff gives the host side apart from the HBM split.

@@ -18,6 +18,10 @@ class Format(str, enum.Enum):
     HTML = "html"
 
 
+#: `memprobe explain`'s formats (render.explain).
+EXPLAIN_FORMATS = ("table", "markdown", "json")
+
+
 class FitFormat(str, enum.Enum):
     """`memprobe fit`'s formats (its output is one table, see ``render.fit``)."""
 

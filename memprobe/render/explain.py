@@ -11,19 +11,81 @@ draws the sampled curves with the peak marked.
 from __future__ import annotations
 
 import io
+import json
 from typing import IO, Any
 
 import pandas as pd
 
-from memprobe.explain import Buffer, Explanation
+from memprobe.errors import BadInput
+from memprobe.liveness import Buffer, Explained, Explanation
 from memprobe.measure import GIB, Measurement
+from memprobe.render import terminal_width
 from memprobe.render.frame import fmt, title, versions_line
+
+SCHEMA = "memprobe.explain"
 
 MIB = 1024**2
 
 
 def _size(n: int) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / MIB:.2f} MiB"
+
+
+def check_top(top: int) -> None:
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise BadInput(f"--top must be a positive integer, got {top}")
+
+
+def to_json(answer: Explained) -> dict[str, Any]:
+    """The JSON `memprobe explain --format json` writes: per strategy its measurement, the
+    explanation (null where the compile failed) and the split of its peak; the diff where
+    both of two were explained."""
+    data: dict[str, Any] = {
+        "schema": SCHEMA, "schema_version": 1, "command": answer.command,
+        "strategies": [{"measurement": m.to_dict(), "explanation": e.to_dict() if e else None,
+                        "peak_parts": peak_parts(m, e) if e else None} for m, e in answer.answers]}
+    if answer.diff is not None:
+        data["diff"] = answer.diff
+    return data
+
+
+def write(answer: Explained, fmt_name: str, file: IO[str], top: int = 20, width: int | None = None) -> None:
+    """``answer`` as table, markdown or json: the diff first (where there is one), then each
+    strategy's buffers live at its peak and, for offload, those in host memory; a failed
+    compile is said in a line of its own where its listing would be."""
+    if fmt_name == "json":
+        file.write(json.dumps(to_json(answer), indent=2) + "\n")
+        return
+    sections = []
+    pair = answer.diff
+    if pair is not None:
+        (ma, _), (mb, _) = answer.answers
+        frame, more = diff_frame(pair, ma.strategy, mb.strategy, top)
+        sections.append((frame, diff_heading(ma, mb), more, diff_notes(*answer.answers, answer.command)))
+    for m, e in answer.answers:
+        if e is None:
+            sections.append((None, heading(m), "", [f"{m.strategy} failed: {m.error}; nothing to list.",
+                                                      *([f"Command: `{answer.command}`"] if answer.command else [])]))
+            continue
+        frame, more = buffers_frame(m, e, top)
+        sections.append((frame, heading(m), more, explain_notes(m, e, answer.command)))
+        if e.host_buffers:  # offload: what sits in host memory, apart from HBM
+            frame, more = host_frame(e, top)
+            sections.append((frame, host_heading(m), more, host_notes(m, e)))
+    for frame, head, more, notes in sections:
+        if frame is None:
+            _write_failure(head, notes, file, fmt_name)
+        elif fmt_name == "markdown":
+            render_markdown(frame, head, more, notes, file)
+        else:
+            render_table(frame, head, more, notes, file, width or terminal_width(file))
+
+
+def _write_failure(head: str, notes: list[str], file: IO[str], fmt_name: str) -> None:
+    if fmt_name == "markdown":
+        file.write(f"## {head}\n\n" + "".join(f"- {n}\n" for n in notes) + "\n")
+    else:
+        file.write(f"{head}\n" + "".join(f"{n}\n" for n in notes) + "\n")
 
 
 def buffers_frame(m: Measurement, e: Explanation, top: int) -> tuple[pd.DataFrame, str]:
@@ -63,8 +125,15 @@ def peak_parts(m: Measurement, e: Explanation) -> dict[str, int]:
 # Where temp leaves the constants out. On TPU temp counts them with the heap and the
 # on-chip allocations. The GPU compiler's temp is its heap to the byte (H100: tiny E2B and
 # full-size E2B checkpoint and offload), its constants (16,170 bytes at full size) beside
-# it; counting them into temp there read as a few KB of negative "unplaced" temp.
-CONSTANTS_BESIDE_TEMP = frozenset({"cuda"})
+# it; counting them into temp there read as a few KB of negative "unplaced" temp. So does
+# the CPU backend's (tiny E2B at 256 x 1: checkpoint's temp is its heap, 15,130,152 B, and
+# its 2,444 B of constants read as -2,444 B of temp placed nowhere).
+CONSTANTS_BESIDE_TEMP = frozenset({"cuda", "cpu"})
+
+
+def _memory(m: Measurement) -> str:
+    """What the device's memory is called: the CPU backend's is this machine's RAM."""
+    return "device memory" if m.platform == "cpu" else "HBM"
 
 
 PART_NAMES = {"live": "buffers live at the busiest point (the rows)",
@@ -86,7 +155,8 @@ def _xla_peak_note(m: Measurement, e: Explanation) -> list[str]:
         return []
     host = f"; {_amount(m.host_bytes)} bound for host memory" if m.host_bytes else ""
     return [f"XLA's own peak (peak_memory_in_bytes): {_amount(m.xla_peak_bytes)}, "
-            f"{_amount(m.xla_peak_bytes - e.peak_live_bytes, sign=True)} against the HBM live at the busiest point{host}."]
+            f"{_amount(m.xla_peak_bytes - e.peak_live_bytes, sign=True)} against the {_memory(m)} live at the "
+            f"busiest point{host}."]
 
 
 def _host_note(e: Explanation) -> list[str]:
@@ -141,16 +211,18 @@ def explain_notes(m: Measurement, e: Explanation, command: str | None = None) ->
     parts = peak_parts(m, e)
     rest = "; ".join(f"{PART_NAMES[k]} {_amount(parts[k])}" for k in ("heap_gaps", "onchip", "unplaced_temp", "not_live"))
     out = [f"Peak (compiler estimate, per device): {_amount(m.peak_bytes)} = argument + output - alias + temp.",
-           f"Busiest point of HBM: instruction {e.peak_time:,} of {e.program_length:,}, {len(e.buffers):,} "
+           f"Busiest point of {_memory(m)}: instruction {e.peak_time:,} of {e.program_length:,}, {len(e.buffers):,} "
            f"buffers live: {_amount(e.peak_live_bytes)}, of which {_amount(e.heap_live_bytes)} in the compiler's "
            f"temporary heap ({_amount(e.heap_bytes)}, as far as its placement of values reaches) and the rest "
            "arguments, outputs and constants.",
-           f"The rest of the peak is not a buffer live in HBM there: {rest}.",
+           f"The rest of the peak is not a buffer live in {_memory(m)} there: {rest}.",
            *_xla_peak_note(m, e),
            *_host_note(e),
            "what: forward/backward work (from the JAX op name: jvp/transpose), the model tensor scope "
            "(mlp_hidden, query_proj, ...) and the operation; parameter/optimizer state rows name the "
            "argument. Buffers whose instruction has no op name take their source's."]
+    if not m.stands_for_accelerator:
+        out.append("CPU backend figures: they do not stand for any accelerator.")
     out.append(versions_line(m))
     if command:
         out.append(f"Command: `{command}`")
@@ -221,17 +293,19 @@ def heading(m: Measurement) -> str:
     return f"Live at the peak: {m.strategy}, {title(m)}"
 
 
-def curve_png(series: list[tuple[Measurement, Explanation]]) -> bytes:
+def curve_png(series: list[tuple[Measurement, Explanation]] | Explained) -> bytes:
     """HBM bytes live over program order, one line per strategy, the busiest point marked; a
     dashed level at each strategy's peak (compiler estimate): the gap between the two is
     memory reserved but not holding a live buffer. Host memory (offload), where a strategy
     uses it, is a dotted line of its own."""
     from memprobe.render.chart import plt  # matplotlib, set up for files only
 
+    if isinstance(series, Explained):
+        series = series.explained
     fig, ax = plt.subplots(figsize=(10, 4.8), dpi=110)
     for m, e in series:
         xs = [p[0] / max(1, e.program_length) for p in e.curve]
-        line, = ax.plot(xs, [p[1] / GIB for p in e.curve], label=f"{m.strategy}: HBM live")
+        line, = ax.plot(xs, [p[1] / GIB for p in e.curve], label=f"{m.strategy}: {_memory(m)} live")
         ax.axhline(m.peak_bytes / GIB, color=line.get_color(), linestyle="--", linewidth=0.9,
                    label=f"{m.strategy}: peak, compiler estimate ({m.peak_bytes / GIB:.2f} GiB)")
         px = e.peak_time / max(1, e.program_length)

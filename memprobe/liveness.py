@@ -53,9 +53,12 @@ import heapq
 import re
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memprobe.errors import BadInput
+
+if TYPE_CHECKING:
+    from memprobe.measure import Measurement
 
 # Tensor scopes the model opens (model/_modules.py), most specific first.
 TENSOR_SCOPES = ("key_value_proj", "query_proj", "attention_out", "attention", "mlp_hidden", "mlp_out")
@@ -453,3 +456,40 @@ def diff(a: Explanation, b: Explanation) -> list[dict[str, Any]]:
              "b_count": g[3], "delta_bytes": g[1] - g[0]}
             for (label, shape), g in groups.items() if g[0] != g[1]]
     return sorted(rows, key=lambda r: -abs(r["delta_bytes"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Explained:
+    """What ``memprobe explain`` answers: per strategy asked, in the order asked, its compile's
+    measurement and what was live at its peak; the explanation is None where the compile
+    failed (the measurement's ``error`` says why), and the others are kept."""
+
+    answers: list[tuple[Measurement, Explanation | None]]
+    command: str | None = None  # the command line, for report footers (the CLI sets it)
+
+    @property
+    def ok(self) -> bool:
+        return all(e is not None for _, e in self.answers)
+
+    @property
+    def explained(self) -> list[tuple[Measurement, Explanation]]:
+        """The answers whose compile worked."""
+        return [(m, e) for m, e in self.answers if e is not None]
+
+    @property
+    def failed(self) -> list[Measurement]:
+        return [m for m, e in self.answers if e is None]
+
+    @property
+    def diff(self) -> list[dict[str, Any]] | None:
+        """``diff(first, second)`` where two strategies were asked and both explained, else None."""
+        if len(self.answers) != 2 or not self.ok:
+            return None
+        return diff(self.answers[0][1], self.answers[1][1])
+
+    def explanation(self, strategy: str) -> Explanation:
+        """The explanation of ``strategy``; KeyError when it was not asked or failed."""
+        for m, e in self.answers:
+            if m.strategy == strategy and e is not None:
+                return e
+        raise KeyError(strategy)
