@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from memprobe.cache import ResultCache
-from memprobe.compile import (DEFAULT_TIMEOUT_S, check_run, compile_environment, compile_jobs, default_host_cap,
-                              default_parallel, explain_isolated, map_stoppable)
+from memprobe.compile import (DEFAULT_TIMEOUT_S, check_devices, check_run, compile_environment, compile_jobs,
+                              default_host_cap, default_parallel, explain_isolated, map_stoppable)
 from memprobe.errors import BadInput
 from memprobe.gate import Tolerance, Verdict, limits, load_baseline, recheck
 from memprobe.liveness import Explained, Explanation
@@ -43,7 +43,8 @@ def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: st
     """The checked plan, and the offload strategies left out because the target has no host
     memory to offload to: only of the default set (the four families and ``strategy_files``)
     or "all"; a named offload strategy on such a target is refused. A name given twice is
-    planned once."""
+    planned once. A TPU ``topology`` is put to libtpu, in a process of its own (about two
+    seconds), so that one it rejects is refused here rather than by every compile."""
     strategy_files = list(strategy_files)
     catalogue = load_catalogue(strategy_files, strategies_dirs)
     implicit = strategies is None or strategies == "all"
@@ -65,6 +66,8 @@ def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: st
     chosen = [s for s in chosen if s.name not in skipped]
     plan = make_plan(model=model, strategies=chosen, target=where, seq_len=seq, batch_per_device=batch,
                      loss_chunks=loss_chunks, step=Step(step))
+    if topology is not None and where.platform == "tpu":  # the --devices shapes are libtpu's own
+        check_devices(plan.jobs()[0])
     return plan, skipped
 
 

@@ -202,6 +202,11 @@ def _worker_main(job_path: str, result_path: str, mode: str = "compile", parent:
     try:
         if mode == "trace":
             reply = {"status": "ok", "matmul_flops": trace_job(job)}
+        elif mode == "devices":
+            from memprobe.build import make_devices
+
+            make_devices(job.target)
+            reply = {"status": "ok"}
         else:
             explanation = None
             if mode == "explain":
@@ -293,6 +298,13 @@ def trace_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
     """``trace_job`` in a fresh process; None when it fails (the figure stays unknown)."""
     reply = _isolated(job, "trace", timeout_s, tick, max_host_bytes, stop)
     return None if isinstance(reply, str) else reply["matmul_flops"]
+
+
+def check_devices(job: CompileJob, timeout_s: float = 120.0) -> None:
+    """Makes ``job``'s devices in a process of its own, as its compile would: a topology that
+    libtpu rejects raises ``BadInput`` (one line, exit code 2) before any compile starts,
+    instead of in every compile process at once. Any other failure is left to the compiles."""
+    _isolated(job, "devices", timeout_s, None, None)
 
 
 def explain_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,

@@ -112,12 +112,19 @@ def test_bad_input_is_one_line_and_exit_2(command, args, message):
     assert "Traceback" not in r.stderr
 
 
-def test_a_refused_plan_says_nothing_before_its_error():
+@pytest.mark.parametrize("args,error", [
     # cpu drops the default offload strategy; that note only matters for a run that goes ahead.
-    r = memprobe("compare", "--target", "cpu", "--seq", "1000")
+    (["--target", "cpu", "--seq", "1000"],
+     "--seq 1000 is not a multiple of the attention block (512); try 512 or 1024"),
+    # libtpu is asked before the compiles start, so no progress line comes before its answer.
+    (["--target", "v5p", "--topology", "9x9x9", "--model", "tiny-e2b", "--seq", "512"],
+     "--topology: libtpu rejects 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "
+     "divisible by the given (or default) chips_per_host_bounds \"2x2x1\""),
+])
+def test_a_refused_plan_says_nothing_before_its_error(args, error):
+    r = memprobe("compare", *args)
     assert r.returncode == 2
-    assert r.stderr.splitlines() == ["memprobe: error: --seq 1000 is not a multiple of the attention "
-                                     "block (512); try 512 or 1024"], r.stderr
+    assert r.stderr.splitlines() == [f"memprobe: error: {error}"], r.stderr
 
 
 @pytest.mark.parametrize("hidden,target,message", [
