@@ -39,7 +39,10 @@ class Tolerance:
             if value < 0:
                 raise BadInput(f"--tolerance: {text!r} is not a percentage like 2%")
             return cls(relative=value / 100)
-        size = parse_size(t, "--tolerance")
+        try:
+            size = parse_size(t, "--tolerance")
+        except BadInput:  # neither: name both forms a tolerance takes
+            raise BadInput(f"--tolerance: {text!r} is not a percentage like 2% or a size like 0.5GiB") from None
         return cls(absolute_bytes=size)
 
     def allowed(self, base_bytes: int) -> int:

@@ -216,7 +216,10 @@ def load_catalogue(extra_files: Iterable[Path] = (), extra_dirs: Iterable[Path] 
         d = Path(d)
         if not d.is_dir():
             raise BadInput(f"{d}: strategies directory not found")
-        user.extend(sorted(d.glob("*.toml")))
+        files = sorted(d.glob("*.toml"))
+        if not files:  # most likely the wrong directory: say so rather than add nothing
+            raise BadInput(f"{d}: no strategy files (*.toml) in this strategies directory")
+        user.extend(files)
     user.extend(Path(f) for f in extra_files)
     for p in user:
         s = load_strategy(p)

@@ -69,6 +69,8 @@ COMPARE_BAD = [
     (["--target", "v5p", "--topology", "v5p:3x3x3", "--model", "tiny-e2b", "--seq", "512"],
      "libtpu rejects 'v5p:3x3x3'"),
     (["--strategy-file", "/nonexistent/mine.toml"], "/nonexistent/mine.toml: strategy file not found"),
+    (["--strategies-dir", "/nonexistent"], "/nonexistent: strategies directory not found"),
+    (["--strategies-dir", "memprobe"], "memprobe: no strategy files (*.toml) in this strategies directory"),
     (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0.0"),
     (["--jobs", "0"], "--jobs must be a positive integer, got 0"),
     (["--max-host-memory", "lots"], "--max-host-memory: 'lots' is not a size like 90GiB"),
@@ -116,13 +118,16 @@ def test_bad_input_is_one_line_and_exit_2(command, args, message):
     # cpu drops the default offload strategy; that note only matters for a run that goes ahead.
     (["--target", "cpu", "--seq", "1000"],
      "--seq 1000 is not a multiple of the attention block (512); try 512 or 1024"),
+    (["--target", "cpu", "--jobs", "0"], "--jobs must be a positive integer, got 0"),
+    (["fit", "--target", "cpu", "--budget", "-1GiB"], "--budget: '-1GiB' is not a size like 90GiB, 96GB or 512MiB"),
+    (["fit", "--target", "cpu"], "target cpu has no HBM capacity to fit in; pass --budget SIZE"),
     # libtpu is asked before the compiles start, so no progress line comes before its answer.
     (["--target", "v5p", "--topology", "9x9x9", "--model", "tiny-e2b", "--seq", "512"],
      "--topology: libtpu rejects 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "
      "divisible by the given (or default) chips_per_host_bounds \"2x2x1\""),
 ])
 def test_a_refused_plan_says_nothing_before_its_error(args, error):
-    r = memprobe("compare", *args)
+    r = memprobe(*(args if args[0] == "fit" else ["compare", *args]))
     assert r.returncode == 2
     assert r.stderr.splitlines() == [f"memprobe: error: {error}"], r.stderr
 

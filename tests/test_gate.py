@@ -90,7 +90,7 @@ def test_missing_baseline_and_bad_tolerance(tmp_path):
     r = memprobe("check", "--baseline", str(tmp_path / "none.json"))
     assert r.returncode == 2 and "none.json: file not found" in r.stderr
     r = memprobe("check", "--baseline", str(tmp_path / "none.json"), "--tolerance", "lots")
-    assert r.returncode == 2 and "--tolerance: 'lots' is not a size" in r.stderr
+    assert r.returncode == 2 and "--tolerance: 'lots' is not a percentage like 2% or a size like 0.5GiB" in r.stderr
 
 
 def test_host_bytes_that_grew_fail_the_gate_though_the_peak_held(tmp_path):

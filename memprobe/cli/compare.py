@@ -48,12 +48,13 @@ def compare(
     Figures are the compiler's estimates from memory_analysis(); nothing runs on a device.
     Exit code 1 when any strategy failed to compile (the table still shows the others).
     """
-    plan = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
-                             strategies_dir, loss_chunks, step)
+    plan, skipped = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
+                                      strategies_dir, loss_chunks, step)
     cap = check_run_options(timeout, jobs, max_host_memory)
     ram = host_ram_check(plan.target, host_ram, devices_per_host)
     check_writable(output)
     check_writable(chart, "--chart")
+    say_skipped(plan, skipped)
     measurements = run_plan(plan, timeout, jobs, no_cache, cap)
     if ram is not None:
         measurements = with_host_ram(measurements, ram[0], devices_per_host)
@@ -83,10 +84,11 @@ def baseline(
 
     Nothing is written when a strategy fails to compile (exit code 1): a baseline must be whole.
     """
-    plan = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
-                             strategies_dir, loss_chunks, step)
+    plan, skipped = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
+                                      strategies_dir, loss_chunks, step)
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
+    say_skipped(plan, skipped)
     measurements = run_plan(plan, timeout, jobs, no_cache, cap)
     result = Result(measurements, command=command_line())
     if not all(m.ok for m in measurements):
@@ -98,15 +100,19 @@ def baseline(
 
 
 def plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
-                      strategies_dir, loss_chunks, step) -> Plan:
-    plan, skipped = resolve_plan(seq=seq, batch=batch, model=model, target=target, devices=devices,
-                                 topology=topology, strategies=strategy_names(strategies),
-                                 strategy_files=strategy_file or (),
-                                 strategies_dirs=strategies_dir or (), loss_chunks=loss_chunks, step=step)
-    if skipped:  # said once the plan is known to be valid, not before its error
+                      strategies_dir, loss_chunks, step) -> tuple[Plan, list[str]]:
+    """The checked plan of the CLI's options, and the default offload strategies it leaves out."""
+    return resolve_plan(seq=seq, batch=batch, model=model, target=target, devices=devices,
+                        topology=topology, strategies=strategy_names(strategies), strategy_files=strategy_file or (),
+                        strategies_dirs=strategies_dir or (), loss_chunks=loss_chunks, step=step)
+
+
+def say_skipped(plan: Plan, skipped: list[str]) -> None:
+    """The offload strategies left out, said once every option is checked and the compiles
+    are about to start, never before an error."""
+    if skipped:
         messages().print(f"memprobe: skipping {', '.join(skipped)}: {plan.target.name} has no "
                          "host memory space to offload to")
-    return plan
 
 
 def check_run_options(timeout: float, jobs: int | None, max_host_memory: str | None) -> int | None:

@@ -10,7 +10,7 @@ import typer
 
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, output_file
-from memprobe.cli.compare import check_run_options, plan_from_options, run_jobs
+from memprobe.cli.compare import check_run_options, plan_from_options, run_jobs, say_skipped
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.plan import DEFAULT_MODEL, Step
 from memprobe.render import FitFormat
@@ -68,12 +68,16 @@ def fit(
     others are still shown).
     """
     axis, unit, max_n, seq, batch = search_axis(vary.value, seq, batch, max_batch, max_seq, loss_chunks)
-    plan = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
-                             strategies_dir, loss_chunks, step)
+    plan, skipped = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
+                                      strategies_dir, loss_chunks, step)
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
+    rounds = [0]
 
     def runner(wanted, labels, what):
+        if not rounds[0]:  # fit_plan checks --budget and --host-ram before its first round
+            say_skipped(plan, skipped)
+        rounds[0] += 1
         return run_jobs(wanted, what, timeout, jobs, no_cache, cap, labels=labels)
 
     result = fit_plan(plan, axis, unit, max_n, runner, budget=budget, host_ram=host_ram,
