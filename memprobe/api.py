@@ -64,6 +64,8 @@ def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: st
     require_backend(where)
     skipped = [s.name for s in chosen if s.offload and not where.has_host_memory] if implicit else []
     chosen = [s for s in chosen if s.name not in skipped]
+    if step not in tuple(Step) + tuple(s.value for s in Step):
+        raise BadInput(f"step: {step!r} is not one of {', '.join(s.value for s in Step)}")
     plan = make_plan(model=model, strategies=chosen, target=where, seq_len=seq, batch_per_device=batch,
                      loss_chunks=loss_chunks, step=Step(step))
     if topology is not None and where.platform == "tpu":  # the --devices shapes are libtpu's own

@@ -103,8 +103,8 @@ def _tpu_topology_devices(kind: TpuKind, topology: str) -> int:
 
 def resolve_target(name: str, devices: int | None = None, topology: str | None = None) -> Target:
     """A target from the CLI's --target/--devices/--topology; libtpu checks the topology later."""
-    if devices is not None and devices < 1:
-        raise BadInput(f"--devices must be a positive integer, got {devices}")
+    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
+        raise BadInput(f"--devices must be a positive integer, got {devices!r}")
     if name == "cpu":
         if topology:
             raise BadInput("--topology applies to TPU targets only; use --devices for cpu")

@@ -77,6 +77,8 @@ def test_defaults_leave_out_offload_where_there_is_no_host_memory():
     (dict(model="gemma5"), "unknown model 'gemma5'"),
     (dict(jobs=0), "jobs must be a positive integer, got 0"),
     (dict(timeout_s=0), "--timeout must be a positive number of seconds, got 0"),
+    (dict(devices="2"), "--devices must be a positive integer, got '2'"),
+    (dict(step="eval"), "step: 'eval' is not one of train, grad"),
 ])
 def test_bad_input_raises_badinput_before_any_compile(kwargs, message):
     with pytest.raises(memprobe.BadInput, match="^.*" + message.replace("(", r"\(").replace(")", r"\)")):
