@@ -60,7 +60,9 @@ def test_markdown_rows_carry_the_json_figures():
         assert f"{r['peak_bytes']:,}" in lines[name]
         assert f"{r['flops_ratio']:.2f}x" in lines[name]
     best = min(rows().values(), key=lambda r: r["peak_bytes"])
-    assert f"**Lowest peak: `{best['strategy']}`**" in text
+    # The CPU backend knows no capacity: the answer is the lowest peak, exact.
+    assert (f"**Lowest peak: `{best['strategy']}`**, {best['peak_bytes'] / 2**30:.2f} GiB "
+            f"({best['peak_bytes']:,} bytes) per device; no capacity known to fit in.") in text
     assert "Command: `memprobe compare --test`" in text and "jax 0.12" in text
 
 
@@ -222,3 +224,51 @@ def test_the_strategy_catalogue_never_breaks_a_name_or_knob(width):
         assert re.search(rf"(^│ |^){re.escape(name)}( +│|:)", text, re.M), name
         assert s.knobs()["policy"] in text
     assert ("┏" in text) == (width == 220)  # a table where it fits, else one block per strategy
+
+
+def _answer_line(result: Result, fmt: Format) -> str:
+    out = io.StringIO()
+    render(result, fmt, out)
+    return next(l for l in out.getvalue().splitlines()
+                if l.startswith(("**Cheapest", "**Nothing", "**Lowest", "Cheapest", "Nothing", "Lowest")))
+
+
+def test_every_format_answers_which_strategy_to_use():
+    """The committed full-size results, each format's one-line answer under the table."""
+    import dataclasses
+
+    from memprobe.render.frame import answer
+
+    # E2B at 24576 x 8 on tpu7x: nothing fits; the lowest peak and how far over, to the byte.
+    [group] = Result.load(REPORTS / "gemma4-e2b-seq24576-b8-tpu7x-8.json").comparisons
+    low = min(group, key=lambda m: m.peak_bytes)
+    over = (low.peak_bytes - low.capacity_bytes) / 2**30
+    a = answer(group)
+    assert (a.label, a.strategy) == ("Nothing fits; lowest peak", "scan-periods")
+    assert a.rest.startswith(f", {low.peak_bytes / 2**30:.2f} GiB ({low.peak_bytes:,} bytes) per device, "
+                             f"{over:.2f} GiB over the 94.74 GiB of HBM.") and over > 0
+    # At 8192 x 1 unrolled fits: no remat is the cheapest, the lowest peak is named beside it.
+    result = Result.load(REPORTS / "gemma4-e2b-seq8192-b1-tpu7x-8.json")
+    [group] = result.comparisons
+    a = answer(group)
+    assert (a.label, a.strategy) == ("Cheapest that fits", "unrolled") and group[0].strategy == "unrolled"
+    assert "the baseline (no recompute)" in a.rest and "lowest peak: scan-offload, 12.74 GiB at 1.26x" in a.rest
+    assert _answer_line(result, Format.MARKDOWN).startswith("**Cheapest that fits: `unrolled`**, the baseline")
+    assert _answer_line(result, Format.TABLE).startswith("Cheapest that fits: unrolled, the baseline")
+    page = io.StringIO()
+    render(result, Format.HTML, page)
+    assert "<p><b>Cheapest that fits: unrolled</b>, the baseline (no recompute): peak" in page.getvalue()
+    # Without unrolled: the fewest matmul FLOPs among those that fit wins (dots-no-batch, which
+    # saves the matmuls, at 0.84x checkpoint's), and the lowest peak is named beside it.
+    rest = [m for m in group if m.strategy != "unrolled"]
+    a = answer(rest)
+    assert (a.strategy, rest[0].strategy) == ("dots-no-batch", "checkpoint")
+    assert a.strategy == min(rest, key=lambda m: (m.matmul_flops, m.host_bytes, m.peak_bytes)).strategy
+    assert ", 0.84x the matmul FLOPs of checkpoint: peak" in a.rest and "lowest peak: scan-offload" in a.rest
+    # A budget only the cheap-but-large fits under: it is chosen over the lower peaks.
+    checkpoint = next(m for m in group if m.strategy == "checkpoint")
+    tight = [dataclasses.replace(m, capacity_bytes=checkpoint.peak_bytes) for m in group]
+    fits = [m for m in tight if m.fits]
+    a = answer(tight)
+    assert a.strategy == min(fits, key=lambda m: (m.matmul_flops, m.host_bytes, m.peak_bytes)).strategy != "unrolled"
+    assert f"{(checkpoint.peak_bytes - next(m for m in tight if m.strategy == a.strategy).peak_bytes) / 2**30:.2f} GiB under" in a.rest

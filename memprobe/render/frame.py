@@ -6,6 +6,7 @@ Every renderer formats this frame; none recomputes a figure.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pandas as pd
@@ -90,6 +91,76 @@ def verdict(m: Measurement) -> str | None:
         return None
     over = [what for what, fits in ((OVER_CAPACITY, m.fits), (OVER_HOST_RAM, m.fits_host)) if fits is False]
     return ", ".join(over) or "fits"
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """The comparison's answer in one sentence: ``label`` and ``strategy`` go in bold, ``rest``
+    follows (plain text, no markup; each renderer marks the first two up its own way)."""
+
+    label: str
+    strategy: str
+    rest: str
+
+
+def answer(group: list[Measurement]) -> Answer | None:
+    """Which strategy to use, as every format states it under its table (compiler estimates):
+
+    - some fit: the one that fits with the fewest matmul FLOPs (the least recompute, equal
+      where the FLOPs column shows the same ratio); among equals the one with fewer host bytes
+      (offload traffic costs time too), then one without sanity flags, then the lower peak;
+      and the lowest peak beside it when that is another strategy;
+    - none fits: the lowest peak and how far over it is, and where to look next (``fit``);
+    - no capacity known (the CPU backend): the lowest peak.
+    None when no strategy compiled."""
+    ok = sorted((m for m in group if m.ok), key=lambda m: m.peak_bytes)
+    if not ok:
+        return None
+    low = ok[0]
+    size = f"{low.peak_bytes / GIB:.2f} GiB ({low.peak_bytes:,} bytes) per device"
+    if low.capacity_bytes is None:
+        return Answer("Lowest peak", low.strategy, f", {size}; no capacity known to fit in.")
+    base = group[0] if group[0].ok else None
+    fitting = [m for m in ok if verdict(m) == "fits"]
+    if not fitting:
+        over = []
+        if low.fits is False:
+            over.append(f"{(low.peak_bytes - low.capacity_bytes) / GIB:.2f} GiB over the "
+                        f"{low.capacity_bytes / GIB:.2f} GiB of HBM")
+        if low.fits_host is False:
+            over.append("its host bytes over the host's RAM")
+        return Answer("Nothing fits; lowest peak", low.strategy,
+                      f", {size}, {' and '.join(over)}. `memprobe fit` finds the largest batch (or, "
+                      "with --vary seq, the longest sequence) at which each strategy fits.")
+
+    # Recompute as the FLOPs column shows it (two decimals: 0.02% apart is the same cost), then
+    # host traffic, then a row without sanity flags (an inert offload is not what it says),
+    # then the peak.
+    ref = base.matmul_flops if base is not None and base.matmul_flops else min(
+        (m.matmul_flops for m in ok if m.matmul_flops), default=None)
+    flagged = {name for name, fl in sanity_flags(group).items() if any(f.kind not in VERDICT_FLAGS for f in fl)}
+
+    def cost(m: Measurement) -> tuple[float, int, bool, int]:
+        recompute = round(m.matmul_flops / ref, 2) if ref and m.matmul_flops else math.inf
+        return (recompute, m.host_bytes, m.strategy in flagged, m.peak_bytes)
+
+    cheap = min(fitting, key=cost)
+    ratio = flops_ratio(cheap, base)
+    if cheap is base:  # the first strategy given, the FLOPs column's 1.00x
+        compute = (", the baseline (no recompute)" if cheap.strategy_knobs.get("loop") == "unrolled"
+                   else ", the baseline of the FLOPs column")
+    elif ratio is not None:
+        compute = f", {ratio:.2f}x the matmul FLOPs of {base.strategy}"
+    else:
+        compute = ""
+    head = (cheap.capacity_bytes - cheap.peak_bytes) / GIB
+    rest = (f"{compute}: peak {cheap.peak_bytes / GIB:.2f} GiB ({cheap.peak_bytes:,} bytes) per device, "
+            f"{head:.2f} GiB under the {cheap.capacity_bytes / GIB:.2f} GiB of HBM")
+    if f"{low.peak_bytes / GIB:.2f}" != f"{cheap.peak_bytes / GIB:.2f}":  # lower as the table shows it
+        low_ratio = flops_ratio(low, base)
+        rest += (f"; lowest peak: {low.strategy}, {low.peak_bytes / GIB:.2f} GiB"
+                 + (f" at {low_ratio:.2f}x" if low_ratio is not None else ""))
+    return Answer("Cheapest that fits", cheap.strategy, rest + ".")
 
 
 def versions_line(m: Measurement, loss: str | None = None) -> str:

@@ -7,9 +7,8 @@ import html
 from typing import IO
 
 from memprobe.flags import sanity_flags
-from memprobe.measure import GIB
 from memprobe.render import chart, markdown
-from memprobe.render.frame import footnotes, title
+from memprobe.render.frame import answer, footnotes, title
 from memprobe.result import Result
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
@@ -24,10 +23,9 @@ def render(result: Result, file: IO[str]) -> None:
     for group in result.comparisons:
         file.write(f"<h2>{html.escape(title(group[0]))}</h2>\n")
         file.write(markdown.markdown_frame(group).to_html(index=False, escape=True, border=0))
-        best = markdown.best(group)
-        if best is not None:
-            file.write(f"<p><b>Lowest peak: {html.escape(best.strategy)}</b>, "
-                       f"{best.peak_bytes / GIB:.2f} GiB ({best.peak_bytes:,} bytes) per device.</p>\n")
+        a = answer(group)
+        if a is not None:
+            file.write(f"<p><b>{html.escape(a.label)}: {html.escape(a.strategy)}</b>{html.escape(a.rest)}</p>\n")
         flags = [f for fl in sanity_flags(group).values() for f in fl]
         if flags:
             file.write("<ul>" + "".join(f"<li>{html.escape(f.strategy)}: <b>{html.escape(f.kind)}</b>: "

@@ -8,8 +8,8 @@ from typing import IO
 import pandas as pd
 
 from memprobe.flags import sanity_flags
-from memprobe.measure import GIB, Measurement
-from memprobe.render.frame import comparison_frame, fmt, footnotes, title, verdict
+from memprobe.measure import Measurement
+from memprobe.render.frame import answer, comparison_frame, fmt, footnotes, title
 from memprobe.result import Result
 
 
@@ -44,11 +44,6 @@ def _verdict(value, error) -> str:
     return "fits" if value == "fits" else f"**{value}**"
 
 
-def best(group: list[Measurement]) -> Measurement | None:
-    ok = sorted((m for m in group if m.ok), key=lambda m: m.peak_bytes)
-    return ok[0] if ok else None
-
-
 def render(result: Result, file: IO[str]) -> None:
     for group in result.comparisons:
         file.write(f"## {title(group[0])}\n\n")
@@ -56,10 +51,9 @@ def render(result: Result, file: IO[str]) -> None:
         align = ["left" if c in ("strategy", "verdict", "flags") else "right" for c in frame.columns]
         file.write(frame.to_markdown(index=False, disable_numparse=True, colalign=align))
         file.write("\n\n")
-        b = best(group)
-        if b is not None:
-            file.write(f"**Lowest peak: `{b.strategy}`**, {b.peak_bytes / GIB:.2f} GiB "
-                       f"({b.peak_bytes:,} bytes) per device; {verdict(b) or 'no capacity known'}.\n\n")
+        a = answer(group)
+        if a is not None:
+            file.write(f"**{a.label}: `{a.strategy}`**{a.rest}\n\n")
         flags = [f for fl in sanity_flags(group).values() for f in fl]
         if flags:
             file.write("Flags:\n\n" + "".join(f"- `{f.strategy}`: **{f.kind}**: {f.reason}\n" for f in flags)

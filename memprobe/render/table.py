@@ -7,12 +7,13 @@ from typing import IO
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from memprobe.flags import sanity_flags
 from memprobe.measure import Measurement
 from memprobe.render import terminal_width
 from memprobe.render.columns import Column, fitted_table
-from memprobe.render.frame import comparison_frame, fmt, footnotes, title
+from memprobe.render.frame import answer, comparison_frame, fmt, footnotes, title
 
 
 def _verdict(value) -> str:
@@ -60,3 +61,6 @@ def render(measurements: list[Measurement], file: IO[str], *, width: int | None 
     width = width or terminal_width(file)
     console = Console(file=file, width=width, soft_wrap=False)
     console.print(build_table(measurements, width))
+    a = answer(measurements)
+    if a is not None:  # the answer, under the table where the eye lands
+        console.print(Text.assemble((f"{a.label}: {a.strategy}", "bold"), a.rest))
