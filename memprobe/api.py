@@ -243,14 +243,14 @@ def report(result: Result | Explained, fmt: str = "table", file: IO[str] | None 
     to ``file``, or returned as a string when no file is given. An ``explain`` answer renders
     as `memprobe explain` prints it (table, markdown or json), ``top`` buffers or diff groups
     listed and the rest summed."""
-    from memprobe.render import EXPLAIN_FORMATS, Format, render as render_to
+    from memprobe.render import EXPLAIN_FORMATS, Format, check_top, render as render_to
 
     known = EXPLAIN_FORMATS if isinstance(result, Explained) else tuple(f.value for f in Format)
     if fmt not in known:
         raise BadInput(f"unknown format {fmt!r} (known: {', '.join(known)})")
     out = file if file is not None else io.StringIO()
     if isinstance(result, Explained):
-        from memprobe.render.explain import check_top, write  # pandas, only for an explain answer
+        from memprobe.render.explain import write  # pandas, only for an explain answer
 
         check_top(top)
         write(result, fmt, out, top)

@@ -16,8 +16,7 @@ from memprobe.cli.compare import check_run_options
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.liveness import Explained
 from memprobe.plan import DEFAULT_MODEL, Step
-from memprobe.render import explain as r
-from memprobe.render.explain import check_top
+from memprobe.render import check_top
 from memprobe.targets import DEFAULT_TARGET
 
 
@@ -91,6 +90,7 @@ def _progress(where: str):
 
 
 def _write(answer: Explained, fmt: ExplainFormat, output: Path | None, chart: Path | None, top: int) -> None:
+    from memprobe.render import explain as r  # pandas, once there is an answer to render
 
     if chart is not None and answer.explained:
         write_bytes(chart, r.curve_png(answer))

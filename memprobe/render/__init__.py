@@ -7,6 +7,7 @@ from typing import IO
 
 from rich.console import Console
 
+from memprobe.errors import BadInput
 from memprobe.result import Result
 
 
@@ -20,6 +21,12 @@ class Format(str, enum.Enum):
 
 #: `memprobe explain`'s formats (render.explain).
 EXPLAIN_FORMATS = ("table", "markdown", "json")
+
+
+def check_top(top: int) -> None:
+    """`explain`'s --top: how many buffers (or diff groups) to list."""
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise BadInput(f"--top must be a positive integer, got {top}")
 
 
 class FitFormat(str, enum.Enum):

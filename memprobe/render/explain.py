@@ -16,7 +16,6 @@ from typing import IO, Any
 
 import pandas as pd
 
-from memprobe.errors import BadInput
 from memprobe.liveness import Buffer, Explained, Explanation
 from memprobe.measure import GIB, Measurement
 from memprobe.render import terminal_width
@@ -29,11 +28,6 @@ MIB = 1024**2
 
 def _size(n: int) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / MIB:.2f} MiB"
-
-
-def check_top(top: int) -> None:
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-        raise BadInput(f"--top must be a positive integer, got {top}")
 
 
 def to_json(answer: Explained) -> dict[str, Any]:
