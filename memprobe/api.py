@@ -64,10 +64,12 @@ def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: st
     require_backend(where)
     skipped = [s.name for s in chosen if s.offload and not where.has_host_memory] if implicit else []
     chosen = [s for s in chosen if s.name not in skipped]
-    if step not in tuple(Step) + tuple(s.value for s in Step):
-        raise BadInput(f"step: {step!r} is not one of {', '.join(s.value for s in Step)}")
+    try:
+        step = Step(step)
+    except ValueError:
+        raise BadInput(f"step: {step!r} is not one of {', '.join(s.value for s in Step)}") from None
     plan = make_plan(model=model, strategies=chosen, target=where, seq_len=seq, batch_per_device=batch,
-                     loss_chunks=loss_chunks, step=Step(step))
+                     loss_chunks=loss_chunks, step=step)
     if topology is not None and where.platform == "tpu":  # the --devices shapes are libtpu's own
         check_devices(plan.jobs()[0])
     return plan, skipped
@@ -243,9 +245,9 @@ def report(result: Result | Explained, fmt: str = "table", file: IO[str] | None 
     to ``file``, or returned as a string when no file is given. An ``explain`` answer renders
     as `memprobe explain` prints it (table, markdown or json), ``top`` buffers or diff groups
     listed and the rest summed."""
-    from memprobe.render import EXPLAIN_FORMATS, Format, check_top, render as render_to
+    from memprobe.render import ExplainFormat, Format, check_top, render as render_to
 
-    known = EXPLAIN_FORMATS if isinstance(result, Explained) else tuple(f.value for f in Format)
+    known = tuple(f.value for f in (ExplainFormat if isinstance(result, Explained) else Format))
     if fmt not in known:
         raise BadInput(f"unknown format {fmt!r} (known: {', '.join(known)})")
     out = file if file is not None else io.StringIO()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 from pathlib import Path
 from typing import Annotated
 
@@ -16,14 +15,8 @@ from memprobe.cli.compare import check_run_options
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.liveness import Explained
 from memprobe.plan import DEFAULT_MODEL, Step
-from memprobe.render import check_top
+from memprobe.render import ExplainFormat, check_top
 from memprobe.targets import DEFAULT_TARGET
-
-
-class ExplainFormat(str, enum.Enum):
-    TABLE = "table"
-    MARKDOWN = "markdown"
-    JSON = "json"
 
 
 def explain(

@@ -72,12 +72,13 @@ def fit(
                                       strategies_dir, loss_chunks, step)
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
-    rounds = [0]
+    first = True
 
     def runner(wanted, labels, what):
-        if not rounds[0]:  # fit_plan checks --budget and --host-ram before its first round
+        nonlocal first
+        if first:  # fit_plan checks --budget and --host-ram before its first round
             say_skipped(plan, skipped)
-        rounds[0] += 1
+            first = False
         return run_jobs(wanted, what, timeout, jobs, no_cache, cap, labels=labels)
 
     result = fit_plan(plan, axis, unit, max_n, runner, budget=budget, host_ram=host_ram,

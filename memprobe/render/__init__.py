@@ -19,8 +19,12 @@ class Format(str, enum.Enum):
     HTML = "html"
 
 
-#: `memprobe explain`'s formats (render.explain).
-EXPLAIN_FORMATS = ("table", "markdown", "json")
+class ExplainFormat(str, enum.Enum):
+    """`memprobe explain`'s formats (see ``render.explain``)."""
+
+    TABLE = "table"
+    MARKDOWN = "markdown"
+    JSON = "json"
 
 
 def check_top(top: int) -> None:

@@ -38,8 +38,9 @@ def to_json(answer: Explained) -> dict[str, Any]:
         "schema": SCHEMA, "schema_version": 1, "command": answer.command,
         "strategies": [{"measurement": m.to_dict(), "explanation": e.to_dict() if e else None,
                         "peak_parts": peak_parts(m, e) if e else None} for m, e in answer.answers]}
-    if answer.diff is not None:
-        data["diff"] = answer.diff
+    pair = answer.diff  # computed on each access: once here
+    if pair is not None:
+        data["diff"] = pair
     return data
 
 
