@@ -100,6 +100,9 @@ EXPLAIN_BAD = [
     (["--strategy", "fastest"], "unknown strategy 'fastest'"),
     (["--strategy", "unrolled", "--top", "0"], "--top must be a positive integer, got 0"),
     (["--strategy", "unrolled", "--seq", "-1"], "--seq must be a positive integer, got -1"),
+    # --diff takes two values, so the next option would be read as the second strategy.
+    (["--diff", "unrolled", "--model", "tiny-e2b"],
+     "Invalid value for '--diff': takes two strategy names, A B; '--model' is an option, not a strategy"),
 ]
 
 

@@ -19,10 +19,22 @@ from memprobe.render import ExplainFormat, check_top
 from memprobe.targets import DEFAULT_TARGET
 
 
+def _two_names(pair: tuple[str, str] | None) -> tuple[str, str] | None:
+    """`--diff` takes exactly two values, so `--diff a --model x` reads "--model" as the second
+    strategy and click then complains of an "unexpected extra argument (x)", which names
+    neither the option nor the mistake."""
+    for name in pair or ():
+        if name.startswith("-"):
+            raise typer.BadParameter(f"takes two strategy names, A B; {name!r} is an option, not a strategy "
+                                     f"(e.g. --diff checkpoint scan-checkpoint)")
+    return pair
+
+
 def explain(
     strategy: Annotated[str | None, typer.Option("--strategy", help="The strategy to explain.")] = None,
     diff_pair: Annotated[tuple[str, str] | None, typer.Option(
-        "--diff", help="Two strategies, A B: the buffers that account for the difference in peak.")] = None,
+        "--diff", callback=_two_names,
+        help="Two strategies, A B: the buffers that account for the difference in peak.")] = None,
     seq: o.Seq = 24576,
     batch: o.Batch = 8,
     model: o.Model = DEFAULT_MODEL,
