@@ -167,6 +167,7 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
     with progress:
         tasks = [progress.add_task(label, start=False, state="waiting", total=1) for label in labels]
         started = {}
+        finished = []  # measured in this run, so in the cache should the run be stopped
 
         def on_event(i: int, state: str, elapsed: float) -> None:
             if i not in started and state != "cached":
@@ -183,6 +184,8 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
             if state in ("compiling", "tracing"):  # tracing: a cached entry gets its matmul FLOPs
                 progress.update(tasks[i], state=state)
             else:
+                if state == "done":
+                    finished.append(labels[i])
                 progress.update(tasks[i], state=state, completed=1)
                 progress.stop_task(tasks[i])
                 if not err.is_terminal:
@@ -190,5 +193,21 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
                     err.print(f"memprobe: {labels[i]}: {state} after {took:.0f} s", highlight=False)
 
         err.print(f"memprobe: measuring {what}", highlight=False)
-        return compile_jobs(jobs, timeout_s=timeout, parallel=parallel, on_event=on_event,
-                            cache=cache, max_host_bytes=max_host_bytes)
+        try:
+            return compile_jobs(jobs, timeout_s=timeout, parallel=parallel, on_event=on_event,
+                                cache=cache, max_host_bytes=max_host_bytes)
+        except KeyboardInterrupt:
+            _say_kept(finished, cache is not None)
+            raise
+
+
+def _say_kept(finished: list[str], cached: bool) -> None:
+    """On Ctrl-C or SIGTERM: what of a long run is not lost. A full-size compile takes 10-20
+    minutes, so a user stopping at minute 30 should know whether to start over."""
+    if not finished:
+        return
+    if cached:
+        messages().print(f"memprobe: kept in the results cache: {', '.join(finished)} (the same command "
+                         "answers from there)", highlight=False)
+    else:
+        messages().print(f"memprobe: {', '.join(finished)} finished, but --no-cache kept nothing", highlight=False)
