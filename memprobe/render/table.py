@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import IO
 
 from rich.console import Console
@@ -10,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memprobe.flags import sanity_flags
-from memprobe.measure import Measurement
+from memprobe.measure import GIB, Measurement
 from memprobe.render import terminal_width
 from memprobe.render.columns import Column, fitted_table
 from memprobe.render.frame import answer, comparison_frame, fmt, footnotes, title
@@ -28,8 +29,19 @@ def caption(measurements: list[Measurement]) -> str:
     return "\n".join(lines + footnotes(measurements))
 
 
+def gib_places(measurements: list[Measurement]) -> int:
+    """Decimals of the table's GiB columns: two, or as many as give the smallest peak three
+    significant digits. The terminal table has no bytes column, and a tiny model's peaks of
+    0.0343 and 0.0587 GiB would all read 0.03-0.06, their order unexplained."""
+    peaks = [m.peak_bytes for m in measurements if m.ok and m.peak_bytes > 0]
+    if not peaks:
+        return 2
+    return max(2, min(6, 2 - math.floor(math.log10(min(peaks) / GIB))))
+
+
 def build_table(measurements: list[Measurement], width: int = 160) -> Table:
     df = comparison_frame(measurements)
+    gib = f".{gib_places(measurements)}f"
     base = measurements[0].strategy
     # Left out first on a narrow terminal: what the peak is made of and how long it took;
     # the rank, strategy, peak and verdict always stay.
@@ -48,9 +60,9 @@ def build_table(measurements: list[Measurement], width: int = 160) -> Table:
                           "[bold red]failed[/]", "-", ""])
             continue
         cells.append([
-            str(row.rank), escape(row.strategy), fmt(row.peak_gib), fmt(row.pct_of_hbm, ".0f", "%"),
-            fmt(row.delta_gib, "+.2f"), fmt(row.temp_gib), fmt(row.argument_gib),
-            fmt(row.host_gib), fmt(row.xla_peak_gib), fmt(row.flops_ratio, ".2f", "x"), _verdict(row.verdict),
+            str(row.rank), escape(row.strategy), fmt(row.peak_gib, gib), fmt(row.pct_of_hbm, ".0f", "%"),
+            fmt(row.delta_gib, "+" + gib), fmt(row.temp_gib, gib), fmt(row.argument_gib, gib),
+            fmt(row.host_gib, gib), fmt(row.xla_peak_gib, gib), fmt(row.flops_ratio, ".2f", "x"), _verdict(row.verdict),
             "cached" if row.cached else fmt(row.compile_s, ".0f"), escape(row.other_flags),
         ])
     return fitted_table(title(measurements[0]), columns, cells, caption(measurements).split("\n"), width)
