@@ -26,6 +26,12 @@ def test_a_wheel_carries_the_builtin_strategies(tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
 
+    # pyproject lists the packages by name (the strategies are mapped in): a new subpackage
+    # left off that list would be missing from every install.
+    def packages(top: Path) -> set[str]:
+        return {str(p.parent.relative_to(top)) for p in top.glob("memprobe/**/__init__.py")}
+    assert packages(site) == packages(ROOT)
+
     env = {**os.environ, "PYTHONPATH": str(site)}
     where = subprocess.run([sys.executable, "-c", "import memprobe.strategy as s; print(s.builtin_dir())"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout.strip()
