@@ -126,7 +126,7 @@ def test_a_stopped_run_says_which_results_it_kept(tmp_path):
     # A full-size run takes an hour; one stopped part-way must say what need not be compiled again.
     env = {**os.environ, "MEMPROBE_CACHE_DIR": str(tmp_path)}
     args = [sys.executable, "-m", "memprobe", "compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256",
-            "--batch", "1", "--strategies", "unrolled,checkpoint,scan-checkpoint", "--jobs", "1"]
+            "--batch", "1", "--strategies", "unrolled,checkpoint", "--jobs", "1"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     said = []
     for line in proc.stderr:  # the log lines of a non-terminal stderr
@@ -142,4 +142,4 @@ def test_a_stopped_run_says_which_results_it_kept(tmp_path):
     again = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0, again.stderr
     assert "memprobe: unrolled: from cache" in again.stderr
-    assert "memprobe: 2 compiled, 1 from cache" in again.stderr
+    assert "memprobe: 1 compiled, 1 from cache" in again.stderr
