@@ -88,6 +88,8 @@ def test_table_shows_each_peak():
         assert re.search(rf"│\s+{peak:.4f} │", line), line
         shown[name] = f"{peak:.4f}"
     assert len(set(shown.values())) == len(shown), shown  # every strategy's peak told apart
+    low = min(peaks, key=peaks.get)  # the answer under the table gives it as the table does
+    assert f"Lowest peak: {low}, {shown[low]} GiB (" in " ".join(text.split())
 
 
 def _bars(png: bytes) -> int:

@@ -103,7 +103,7 @@ class Answer:
     rest: str
 
 
-def answer(group: list[Measurement]) -> Answer | None:
+def answer(group: list[Measurement], places: int = 2) -> Answer | None:
     """Which strategy to use, as every format states it under its table (compiler estimates):
 
     - some fit: the one that fits with the fewest matmul FLOPs (the least recompute, equal
@@ -112,12 +112,17 @@ def answer(group: list[Measurement]) -> Answer | None:
       and the lowest peak beside it when that is another strategy;
     - none fits: the lowest peak and how far over it is, and where to look next (``fit``);
     - no capacity known (the CPU backend): the lowest peak.
-    None when no strategy compiled."""
+    None when no strategy compiled. Peaks are given to ``places`` decimals, as the table
+    above shows them (the terminal table gives a tiny model's more)."""
     ok = sorted((m for m in group if m.ok), key=lambda m: m.peak_bytes)
     if not ok:
         return None
     low = ok[0]
-    size = f"{low.peak_bytes / GIB:.2f} GiB ({low.peak_bytes:,} bytes) per device"
+
+    def gib(n: int) -> str:
+        return f"{n / GIB:.{places}f}"
+
+    size = f"{gib(low.peak_bytes)} GiB ({low.peak_bytes:,} bytes) per device"
     if low.capacity_bytes is None:
         return Answer("Lowest peak", low.strategy, f", {size}; no capacity known to fit in.")
     base = group[0] if group[0].ok else None
@@ -154,11 +159,11 @@ def answer(group: list[Measurement]) -> Answer | None:
     else:
         compute = ""
     head = (cheap.capacity_bytes - cheap.peak_bytes) / GIB
-    rest = (f"{compute}: peak {cheap.peak_bytes / GIB:.2f} GiB ({cheap.peak_bytes:,} bytes) per device, "
+    rest = (f"{compute}: peak {gib(cheap.peak_bytes)} GiB ({cheap.peak_bytes:,} bytes) per device, "
             f"{head:.2f} GiB under the {cheap.capacity_bytes / GIB:.2f} GiB of HBM")
-    if f"{low.peak_bytes / GIB:.2f}" != f"{cheap.peak_bytes / GIB:.2f}":  # lower as the table shows it
+    if gib(low.peak_bytes) != gib(cheap.peak_bytes):  # lower as the table shows it
         low_ratio = flops_ratio(low, base)
-        rest += (f"; lowest peak: {low.strategy}, {low.peak_bytes / GIB:.2f} GiB"
+        rest += (f"; lowest peak: {low.strategy}, {gib(low.peak_bytes)} GiB"
                  + (f" at {low_ratio:.2f}x" if low_ratio is not None else ""))
     return Answer("Cheapest that fits", cheap.strategy, rest + ".")
 

@@ -73,6 +73,6 @@ def render(measurements: list[Measurement], file: IO[str], *, width: int | None 
     width = width or terminal_width(file)
     console = Console(file=file, width=width, soft_wrap=False)
     console.print(build_table(measurements, width))
-    a = answer(measurements)
+    a = answer(measurements, gib_places(measurements))
     if a is not None:  # the answer, under the table where the eye lands
         console.print(Text.assemble((f"{a.label}: {a.strategy}", "bold"), a.rest))
