@@ -34,6 +34,16 @@ def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     return format(value, spec) + suffix
 
 
+def pct(value) -> str:
+    """A share of HBM: whole percents, but never "0%" for a peak that is not zero (a tiny
+    model's 0.07 GiB is 0.07% of a v5p's HBM, and "0%" would read as nothing)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return "-"
+    if value == 0 or value >= 0.995:
+        return format(value, ".0f") + "%"
+    return format(value, ".2f") + "%" if value >= 0.005 else "<0.01%"
+
+
 def where(m: Measurement) -> str:
     """The slice a record was compiled for, as titles name it."""
     return f"{m.topology or m.target}, {devices(m.num_devices)}"

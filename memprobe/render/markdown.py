@@ -9,7 +9,7 @@ import pandas as pd
 
 from memprobe.flags import sanity_flags
 from memprobe.measure import Measurement
-from memprobe.render.frame import answer, comparison_frame, fmt, footnotes, title
+from memprobe.render.frame import answer, comparison_frame, fmt, footnotes, pct, title
 from memprobe.result import Result
 
 
@@ -22,7 +22,7 @@ def markdown_frame(measurements: list[Measurement]) -> pd.DataFrame:
         "strategy": df["strategy"],
         "peak GiB": [fmt(v) for v in df["peak_gib"]],
         "peak bytes": [fmt(v, ",.0f") for v in df["peak_bytes"]],
-        "% HBM": [fmt(v, ".0f", "%") for v in df["pct_of_hbm"]],
+        "% HBM": [pct(v) for v in df["pct_of_hbm"]],
         f"vs {base} GiB": [fmt(v, "+.2f") for v in df["delta_gib"]],
         "temp GiB": [fmt(v) for v in df["temp_gib"]],
         "args GiB": [fmt(v) for v in df["argument_gib"]],

@@ -14,7 +14,7 @@ from memprobe.flags import sanity_flags
 from memprobe.measure import GIB, Measurement
 from memprobe.render import terminal_width
 from memprobe.render.columns import Column, fitted_table
-from memprobe.render.frame import answer, comparison_frame, fmt, footnotes, title
+from memprobe.render.frame import answer, comparison_frame, fmt, footnotes, pct, title
 
 
 def _verdict(value) -> str:
@@ -60,7 +60,7 @@ def build_table(measurements: list[Measurement], width: int = 160) -> Table:
                           "[bold red]failed[/]", "-", ""])
             continue
         cells.append([
-            str(row.rank), escape(row.strategy), fmt(row.peak_gib, gib), fmt(row.pct_of_hbm, ".0f", "%"),
+            str(row.rank), escape(row.strategy), fmt(row.peak_gib, gib), pct(row.pct_of_hbm),
             fmt(row.delta_gib, "+" + gib), fmt(row.temp_gib, gib), fmt(row.argument_gib, gib),
             fmt(row.host_gib, gib), fmt(row.xla_peak_gib, gib), fmt(row.flops_ratio, ".2f", "x"), _verdict(row.verdict),
             "cached" if row.cached else fmt(row.compile_s, ".0f"), escape(row.other_flags),
