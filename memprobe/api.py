@@ -21,7 +21,7 @@ from memprobe.gate import Tolerance, Verdict, limits, load_baseline, recheck
 from memprobe.liveness import Explained, Explanation
 from memprobe.measure import Measurement
 from memprobe.plan import DEFAULT_MODEL, CompileJob, Plan, Step, make_plan
-from memprobe.result import Result
+from memprobe.result import Result, read_json
 from memprobe.search import AXES, FitResult, RoundRunner, fit_plan, search_axis
 from memprobe.strategy import DEFAULT_STRATEGIES, Strategy, load_catalogue, select
 from memprobe.targets import DEFAULT_TARGET, require_backend, resolve_target
@@ -226,9 +226,15 @@ def _explain_one(job: CompileJob, timeout_s: float, cap: int | None, store: Resu
     return m, Explanation.from_dict(explanation)
 
 
-def load(path: str | Path) -> Result:
-    """A result saved with ``Result.save``, `--format json` or `memprobe baseline`."""
-    return Result.load(Path(path))
+def load(path: str | Path) -> Result | Explained:
+    """A result saved with ``Result.save``, `--format json` or `memprobe baseline`; or an
+    ``explain`` answer saved with `memprobe explain --format json`, for ``report``."""
+    data = read_json(Path(path))
+    if isinstance(data, dict) and data.get("schema") == "memprobe.explain":
+        from memprobe.render.explain import from_json  # pandas, only for an explain answer
+
+        return from_json(data, str(path))
+    return Result.from_json(data, str(path))
 
 
 def frame(result: Result) -> pd.DataFrame:

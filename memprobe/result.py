@@ -96,38 +96,13 @@ class Result:
         comparisons = data.get("comparisons")
         if not isinstance(comparisons, list) or not comparisons:
             raise BadInput(f"{where}: comparisons: expected a non-empty list")
-        names = {f.name for f in dataclasses.fields(Measurement)}
-        required = {"model", "strategy", "strategy_knobs", "target", "platform", "num_devices",
-                    "seq_len", "batch_per_device", "loss_chunks", "step", "status"}
         measurements = []
         for i, comp in enumerate(comparisons):
             rows = comp.get("rows") if isinstance(comp, dict) else None
             if not isinstance(rows, list) or not rows:
                 raise BadInput(f"{where}: comparisons[{i}].rows: expected a non-empty list")
-            for j, row in enumerate(rows):
-                at = f"{where}: comparisons[{i}].rows[{j}]"
-                if not isinstance(row, dict):
-                    raise BadInput(f"{at}: expected an object")
-                missing = sorted(required - set(row))
-                if missing:
-                    raise BadInput(f"{at}: missing field {missing[0]!r}")
-                for field in ("model", "strategy", "target", "platform", "step", "status"):
-                    if not isinstance(row[field], str):
-                        raise BadInput(f"{at}: {field}: expected a string, got {row[field]!r}")
-                for field in ("num_devices", "seq_len", "batch_per_device", "loss_chunks"):
-                    if isinstance(row[field], bool) or not isinstance(row[field], int):
-                        raise BadInput(f"{at}: {field}: expected an integer, got {row[field]!r}")
-                for field in ("strategy_knobs", "versions"):
-                    if not isinstance(row.get(field, {}), dict):
-                        raise BadInput(f"{at}: {field}: expected an object")
-                for field in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes"):
-                    value = row.get(field, 0)
-                    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                        raise BadInput(f"{at}: {field}: expected a byte count, got {value!r}")
-                try:
-                    measurements.append(Measurement.from_dict({k: v for k, v in row.items() if k in names}))
-                except TypeError as e:
-                    raise BadInput(f"{at}: {e}") from None
+            measurements += [measurement_from_json(row, f"{where}: comparisons[{i}].rows[{j}]")
+                             for j, row in enumerate(rows)]
         return cls(measurements, command=data.get("command"), created=data.get("created") or "")
 
     @classmethod
@@ -173,6 +148,38 @@ class Result:
 
 def _versions(versions: dict[str, str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
+
+
+_REQUIRED = {"model", "strategy", "strategy_knobs", "target", "platform", "num_devices", "seq_len",
+             "batch_per_device", "loss_chunks", "step", "status"}
+
+
+def measurement_from_json(row: Any, at: str) -> Measurement:
+    """One saved measurement (a result's row, an explain answer's); anything malformed is
+    refused in one line naming ``at`` and what is wrong."""
+    if not isinstance(row, dict):
+        raise BadInput(f"{at}: expected an object")
+    missing = sorted(_REQUIRED - set(row))
+    if missing:
+        raise BadInput(f"{at}: missing field {missing[0]!r}")
+    for field in ("model", "strategy", "target", "platform", "step", "status"):
+        if not isinstance(row[field], str):
+            raise BadInput(f"{at}: {field}: expected a string, got {row[field]!r}")
+    for field in ("num_devices", "seq_len", "batch_per_device", "loss_chunks"):
+        if isinstance(row[field], bool) or not isinstance(row[field], int):
+            raise BadInput(f"{at}: {field}: expected an integer, got {row[field]!r}")
+    for field in ("strategy_knobs", "versions"):
+        if not isinstance(row.get(field, {}), dict):
+            raise BadInput(f"{at}: {field}: expected an object")
+    for field in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes"):
+        value = row.get(field, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise BadInput(f"{at}: {field}: expected a byte count, got {value!r}")
+    names = {f.name for f in dataclasses.fields(Measurement)}
+    try:
+        return Measurement.from_dict({k: v for k, v in row.items() if k in names})
+    except TypeError as e:
+        raise BadInput(f"{at}: {e}") from None
 
 
 def read_json(path: Path) -> Any:

@@ -46,6 +46,12 @@ def test_compare_deviceless_tpu_is_quiet_and_judges_fit():
     assert r.returncode == 0, r.stderr
     assert "v5p:1x1x1" in r.stdout and "fits" in r.stdout and "95.73 GiB" in r.stdout
     assert not any(n in r.stdout + r.stderr for n in NOISE), r.stderr
+    # The tiny peak is well under 1% of a v5p's HBM: its share reads in hundredths, not "0%".
+    saved = memprobe("compare", "--model", "tiny-e2b", "--target", "v5p", "--devices", "1", "--seq", "512",
+                     "--batch", "1", "--strategies", "checkpoint", "--format", "json")
+    [row] = json.loads(saved.stdout)["comparisons"][0]["rows"]
+    share = 100 * row["peak_bytes"] / row["capacity_bytes"]
+    assert 0.005 <= share < 1 and f"│ {share:.2f}% │" in r.stdout, r.stdout
 
 
 def test_timed_out_compile_is_a_failed_row_and_exit_1():
@@ -85,6 +91,7 @@ COMPARE_BAD = [
     (["--host-ram", "1TiB", "--devices-per-host", "16"], "--devices-per-host 16 is more than the 8 devices of tpu7x:2x2x1"),
 ]
 E4B = "reports/gemma4-e4b-seq24576-b8-tpu7x-8.json"
+EXPLAINED = "reports/gemma4-e4b-seq24576-b8-tpu7x-8-explain-offload-mlp.json"
 REPORT_BAD = [
     ([E4B, "--host-ram", "lots"], "--host-ram: 'lots' is not a size like 90GiB"),
     ([E4B, "--host-ram", "-1TiB"], "--host-ram: '-1TiB' is not a size like 90GiB"),
@@ -92,6 +99,11 @@ REPORT_BAD = [
     ([E4B, "--devices-per-host", "4"], "--devices-per-host only applies with --host-ram"),
     ([E4B, "--host-ram", "1TiB", "--devices-per-host", "0"], "--devices-per-host must be a positive integer, got 0"),
     (["/nonexistent.json"], "/nonexistent.json: file not found"),
+    ([EXPLAINED, "--format", "csv"], "an explain result renders as table, markdown or json, not csv"),
+    ([EXPLAINED, E4B], "an explain result renders on its own, not merged with other results"),
+    ([EXPLAINED, "--host-ram", "1TiB"], "--host-ram applies to comparisons, not to an explain result"),
+    ([EXPLAINED, "--top", "0"], "--top must be a positive integer, got 0"),
+    ([E4B, "--top", "5"], "--top applies to an explain result, not to a comparison"),
 ]
 EXPLAIN_BAD = [
     ([], "give exactly one of --strategy NAME or --diff A B"),
@@ -234,6 +246,44 @@ def test_report_merges_results_of_one_configuration_into_one_table(tmp_path):
     md = memprobe("report", str(a), str(b), cwd=ROOT)
     assert md.returncode == 0, md.stderr
     assert md.stdout.count("- Command: `") == 2 and md.stdout.count("| offload-mlp ") == 1
+
+
+def _spoil_strategies(d):
+    d["strategies"] = []
+
+
+def _spoil_measurement(d):
+    del d["strategies"][0]["measurement"]["seq_len"]
+
+
+def _spoil_explanation(d):
+    del d["strategies"][0]["explanation"]["buffers"]
+
+
+def _spoil_buffer(d):
+    d["strategies"][0]["explanation"]["buffers"][0] = "a buffer"
+
+
+def _spoil_version(d):
+    d["schema_version"] = 7
+
+
+@pytest.mark.parametrize("spoil,message", [
+    (_spoil_strategies, "strategies: expected a non-empty list"),
+    (_spoil_measurement, "strategies[0].measurement: missing field 'seq_len'"),
+    (_spoil_explanation, "strategies[0].explanation: missing field 'buffers'"),
+    (_spoil_buffer, "strategies[0].explanation: malformed (TypeError:"),
+    (_spoil_version, "schema_version 7 is not supported (this memprobe reads 1)"),
+])
+def test_report_refuses_a_malformed_explain_result_in_one_line(tmp_path, spoil, message):
+    data = json.loads((ROOT / EXPLAINED).read_text())
+    spoil(data)
+    path = tmp_path / "spoilt.json"
+    path.write_text(json.dumps(data))
+    r = memprobe("report", str(path), cwd=ROOT)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    [line] = [l for l in r.stderr.splitlines() if l.startswith("memprobe: error:")]
+    assert line.startswith(f"memprobe: error: {path}: ") and message in line, line
 
 
 def test_report_refuses_a_merge_that_would_hide_or_mix_figures(tmp_path):

@@ -4,8 +4,10 @@ import dataclasses
 import io
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -237,3 +239,38 @@ def test_second_explain_answers_from_the_cache(explained):
     assert f"({m['xla_peak_bytes'] - e['peak_live_bytes']:+,} bytes) against the HBM live" in line
     # Like every export, the markdown names the compiler stack it came from.
     assert f"libtpu {data['strategies'][0]['measurement']['versions']['libtpu']}" in r.stdout
+
+
+def _without_command(text: str) -> list[str]:
+    return [line for line in text.splitlines() if not line.startswith("- Command: ")]
+
+
+def test_report_renders_a_saved_answer_as_explain_printed_it(explained, tmp_path):
+    # An answer saved as JSON renders later, without a compile, to what `explain` prints; the
+    # command under it stays the one that made the figures.
+    data, run, _ = explained
+    saved, chart = tmp_path / "answer.json", tmp_path / "again.png"
+    saved.write_text(json.dumps(data))
+    printed = run("--diff", "unrolled", "checkpoint", "--format", "markdown", "--top", "3").stdout
+    r = subprocess.run([sys.executable, "-m", "memprobe", "report", str(saved), "--top", "3", "--chart", str(chart)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert _without_command(r.stdout) == _without_command(printed)
+    assert "more buffers" in r.stdout and "more groups" in r.stdout  # --top 3 reached the listings
+    assert f"- Command: `{data['command']}`" in r.stdout and "--format json" in data["command"]
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
+
+
+@pytest.mark.parametrize("saved", sorted(REPORTS.glob("*-explain-*.json")), ids=lambda p: p.stem)
+def test_committed_explain_reports_render_from_their_json(saved):
+    # Each committed explain report is what `memprobe report` makes of the JSON beside it, at
+    # the --top its command asked for: the markdown and the figures cannot drift apart.
+    committed = saved.with_suffix(".md").read_text()
+    top = re.search(r"--top (\d+)", committed)
+    r = subprocess.run([sys.executable, "-m", "memprobe", "report", str(saved), "--format", "markdown",
+                        "--top", top.group(1) if top else "20"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert _without_command(r.stdout) == _without_command(committed)

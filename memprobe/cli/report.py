@@ -9,27 +9,30 @@ from typing import Annotated
 import typer
 
 from memprobe.cli import _options as o
-from memprobe.cli._output import check_writable, output_file, write_result
+from memprobe.cli._output import check_writable, output_file, write_bytes, write_result
 from memprobe.errors import BadInput
 from memprobe.measure import parse_host_ram, with_host_ram
-from memprobe.render import FitFormat, Format
+from memprobe.render import ExplainFormat, FitFormat, Format, check_top
 from memprobe.result import Result, read_json
 
 
 def report(
     results: Annotated[list[Path], typer.Argument(
-        help="JSON results written by --format json, `memprobe baseline` or `memprobe fit --format "
-             "json`. Several comparison results render as one: rows of the same configuration "
-             "share a table.", metavar="RESULT")],
+        help="JSON results written by --format json, `memprobe baseline`, or `memprobe fit` or "
+             "`memprobe explain` with --format json. Several comparison results render as one: "
+             "rows of the same configuration share a table.", metavar="RESULT")],
     format: o.FormatOpt = Format.MARKDOWN,
     output: o.Output = None,
     chart: o.Chart = None,
     host_ram: o.HostRam = None,
     devices_per_host: o.DevicesPerHost = None,
+    top: Annotated[int | None, typer.Option(
+        "--top", help="For an `explain` result: buffers (or diff groups) to list; the rest are "
+                      "summed. [default: 20]")] = None,
 ) -> int:
     """Re-render saved results (table, markdown, json, csv, html) without recompiling, several
     merged into one; with --host-ram, judge offload rows against a host's RAM too. A `fit`
-    result renders on its own, as table, markdown or json."""
+    or `explain` result renders on its own, as table, markdown or json."""
     ram = parse_host_ram(host_ram, devices_per_host)
     loaded_files = []
     for path in results:
@@ -37,7 +40,13 @@ def report(
         if isinstance(data, dict) and data.get("schema") == "memprobe.fit":
             if len(results) > 1:
                 raise BadInput(f"{path}: a fit result renders on its own, not merged with other results")
-            return _fit_report(data, path, format, output, chart, ram)
+            return _fit_report(data, path, format, output, chart, ram, top)
+        if isinstance(data, dict) and data.get("schema") == "memprobe.explain":
+            if len(results) > 1:
+                raise BadInput(f"{path}: an explain result renders on its own, not merged with other results")
+            return _explain_report(data, path, format, output, chart, ram, 20 if top is None else top)
+        if top is not None:
+            raise BadInput(f"{path}: --top applies to an explain result, not to a comparison")
         loaded_files.append((str(path), Result.from_json(data, str(path))))
     loaded = Result.merge(loaded_files)
     if ram is not None:
@@ -50,7 +59,7 @@ def report(
 
 
 def _fit_report(data: dict, path: Path, format: Format, output: Path | None, chart: Path | None,
-                ram: int | None) -> int:
+                ram: int | None, top: int | None) -> int:
     from memprobe.search import FitResult
     from memprobe.render.fit import render
 
@@ -58,8 +67,32 @@ def _fit_report(data: dict, path: Path, format: Format, output: Path | None, cha
         raise BadInput(f"{path}: a fit result renders as table, markdown or json, not {format.value}")
     if chart is not None or ram is not None:
         raise BadInput(f"{path}: --chart and --host-ram apply to comparisons, not to a fit result")
+    if top is not None:
+        raise BadInput(f"{path}: --top applies to an explain result, not to a fit result")
     fit = FitResult.from_json(data, str(path))
     check_writable(output)
     with output_file(output) as f:
         render(fit, FitFormat(format.value), f)
+    return 0
+
+
+def _explain_report(data: dict, path: Path, format: Format, output: Path | None, chart: Path | None,
+                    ram: int | None, top: int) -> int:
+    """An explain answer as `memprobe explain` printed it; --chart draws its heap curve."""
+    from memprobe.render import explain as r  # pandas, only for an explain answer
+
+    if format.value not in {f.value for f in ExplainFormat}:
+        raise BadInput(f"{path}: an explain result renders as table, markdown or json, not {format.value}")
+    if ram is not None:
+        raise BadInput(f"{path}: --host-ram applies to comparisons, not to an explain result")
+    check_top(top)
+    answer = r.from_json(data, str(path))
+    check_writable(output)
+    check_writable(chart, "--chart")
+    if chart is not None:
+        if not answer.explained:
+            raise BadInput(f"{path}: --chart: no strategy here was explained, so there is no curve to draw")
+        write_bytes(chart, r.curve_png(answer))
+    with output_file(output) as f:
+        r.write(answer, format.value, f, top)
     return 0

@@ -16,10 +16,12 @@ from typing import IO, Any
 
 import pandas as pd
 
+from memprobe.errors import BadInput
 from memprobe.liveness import Buffer, Explained, Explanation
 from memprobe.measure import GIB, Measurement
 from memprobe.render import terminal_width
 from memprobe.render.frame import fmt, title, versions_line
+from memprobe.result import measurement_from_json
 
 SCHEMA = "memprobe.explain"
 
@@ -42,6 +44,34 @@ def to_json(answer: Explained) -> dict[str, Any]:
     if pair is not None:
         data["diff"] = pair
     return data
+
+
+def from_json(data: Any, where: str = "result") -> Explained:
+    """Reads what ``to_json`` wrote, for `memprobe report`; anything malformed is refused in
+    one line naming what is wrong. The diff and the peak split are worked out again from the
+    explanations, as a fresh answer's are."""
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise BadInput(f"{where}: not a memprobe explain result")
+    if data.get("schema_version") != 1:
+        raise BadInput(f"{where}: schema_version {data.get('schema_version')!r} is not supported "
+                       f"(this memprobe reads 1)")
+    listed = data.get("strategies")
+    if not isinstance(listed, list) or not listed:
+        raise BadInput(f"{where}: strategies: expected a non-empty list")
+    answers = []
+    for i, entry in enumerate(listed):
+        at = f"{where}: strategies[{i}]"
+        if not isinstance(entry, dict):
+            raise BadInput(f"{at}: expected an object")
+        m = measurement_from_json(entry.get("measurement"), f"{at}.measurement")
+        e = entry.get("explanation")
+        try:
+            answers.append((m, None if e is None else Explanation.from_dict(e)))
+        except KeyError as err:
+            raise BadInput(f"{at}.explanation: missing field {err}") from None
+        except (TypeError, ValueError, AttributeError) as err:
+            raise BadInput(f"{at}.explanation: malformed ({type(err).__name__}: {err})") from None
+    return Explained(answers, data.get("command"))
 
 
 def write(answer: Explained, fmt_name: str, file: IO[str], top: int = 20, width: int | None = None) -> None:
