@@ -45,7 +45,8 @@ def test_baseline_ten_percent_lower_fails_naming_the_strategy(baseline, tmp_path
         row = data["comparisons"][0]["rows"][1]  # checkpoint
         row["temp_bytes"] -= row["peak_bytes"] // 10
 
-    r = memprobe("check", "--baseline", str(_edited(baseline, tmp_path, lower)))
+    # The baseline given as an argument, like `memprobe report FILE`, is the same gate.
+    r = memprobe("check", str(_edited(baseline, tmp_path, lower)))
     assert r.returncode == 1
     assert "failing: checkpoint (regressed)" in r.stdout
     [line] = [l for l in r.stdout.splitlines() if l.startswith("│") and "│ checkpoint " in l]
@@ -91,6 +92,11 @@ def test_missing_baseline_and_bad_tolerance(tmp_path):
     assert r.returncode == 2 and "none.json: file not found" in r.stderr
     r = memprobe("check", "--baseline", str(tmp_path / "none.json"), "--tolerance", "lots")
     assert r.returncode == 2 and "--tolerance: 'lots' is not a percentage like 2% or a size like 0.5GiB" in r.stderr
+    r = memprobe("check")
+    assert r.returncode == 2 and r.stderr.strip() == ("memprobe: error: give the baseline to check against: "
+                                                      "memprobe check BASELINE (or --baseline BASELINE)")
+    r = memprobe("check", "a.json", "--baseline", "b.json")
+    assert r.returncode == 2 and "two baselines given, a.json and --baseline b.json; give one" in r.stderr
 
 
 def test_host_bytes_that_grew_fail_the_gate_though_the_peak_held(tmp_path):

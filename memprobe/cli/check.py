@@ -31,7 +31,10 @@ if TYPE_CHECKING:
 
 
 def check(
-    baseline: Annotated[Path, typer.Option("--baseline", help="A baseline written by `memprobe baseline`.")],
+    baseline_file: Annotated[Path | None, typer.Argument(
+        help="A baseline written by `memprobe baseline` (or give it as --baseline FILE).",
+        metavar="BASELINE", show_default=False)] = None,
+    baseline: Annotated[Path | None, typer.Option("--baseline", help="The baseline, as an option.")] = None,
     tolerance: Annotated[str, typer.Option("--tolerance", help="Allowed growth of a peak, and of the "
                                            "host bytes: relative (2%) or absolute (0.5GiB).")] = "2%",
     max_peak: Annotated[str | None, typer.Option("--max-peak", help="A budget no peak may exceed, "
@@ -50,6 +53,7 @@ def check(
     a regression, a peak over budget or a failed compile. Exit 2: bad input. With $GITHUB_STEP_SUMMARY set, the
     table is also appended there as markdown.
     """
+    baseline = _one_baseline(baseline_file, baseline)
     tol, budget = limits(tolerance, max_peak)
     cap = check_run_options(timeout, jobs, max_host_memory)
     base = load_baseline(baseline, allow_version_drift)
@@ -59,6 +63,15 @@ def check(
     _print(frame, line)
     _write_step_summary(frame, line)
     return 0 if all(v.passed for v in verdicts) else 1
+
+
+def _one_baseline(positional: Path | None, option: Path | None) -> Path:
+    """`memprobe check FILE` and `memprobe check --baseline FILE` are the same gate."""
+    if positional is None and option is None:
+        raise BadInput("give the baseline to check against: memprobe check BASELINE (or --baseline BASELINE)")
+    if positional is not None and option is not None and positional != option:
+        raise BadInput(f"two baselines given, {positional} and --baseline {option}; give one")
+    return positional or option
 
 
 # Left out first on a narrow terminal; the strategy, today's peak, its change and the status stay.
