@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING
 from memprobe.cache import ResultCache
 from memprobe.compile import (DEFAULT_TIMEOUT_S, check_devices, check_run, compile_environment, compile_jobs,
                               default_host_cap, default_parallel, explain_isolated, map_stoppable)
-from memprobe.errors import BadInput
+from memprobe.errors import BadInput, unknown
 from memprobe.gate import Tolerance, Verdict, limits, load_baseline, recheck
 from memprobe.liveness import Explained, Explanation
 from memprobe.measure import Measurement
@@ -255,7 +255,7 @@ def report(result: Result | Explained, fmt: str = "table", file: IO[str] | None 
 
     known = tuple(f.value for f in (ExplainFormat if isinstance(result, Explained) else Format))
     if fmt not in known:
-        raise BadInput(f"unknown format {fmt!r} (known: {', '.join(known)})")
+        raise unknown("format", fmt, known)
     out = file if file is not None else io.StringIO()
     if isinstance(result, Explained):
         from memprobe.render.explain import write  # pandas, only for an explain answer

@@ -1,5 +1,10 @@
 """memprobe's errors. Library code raises these; only the CLI turns them into exit codes."""
 
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
 
 class MemprobeError(Exception):
     """An error the user can act on, shown as one line; ``exit_code`` is what the CLI returns."""
@@ -11,3 +16,12 @@ class BadInput(MemprobeError):
     """The command line, a strategy file or a baseline is wrong: exit code 2."""
 
     exit_code = 2
+
+
+def unknown(what: str, name: object, known: Iterable[str], where: str = "") -> BadInput:
+    """The one-line refusal of a name memprobe does not know, with the nearest known one
+    where a typo is likely ("did you mean 'scan-checkpoint'?") and then every known one."""
+    known = list(known)
+    close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return BadInput(f"{where}unknown {what} {name!r} ({hint}known: {', '.join(known)})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from memprobe.errors import BadInput
+from memprobe.errors import BadInput, unknown
 from memprobe.model._config import PRESETS, ModelConfig, attention_block_size, default_loss_chunks
 from memprobe.strategy import Strategy
 from memprobe.targets import Target
@@ -76,7 +76,7 @@ class Plan:
 
 def resolve_model(name: str) -> ModelConfig:
     if name not in PRESETS:
-        raise BadInput(f"unknown model {name!r} (known: {', '.join(PRESETS)})")
+        raise unknown("model", name, PRESETS)
     return PRESETS[name]
 
 

@@ -9,7 +9,7 @@ import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 
-from memprobe.errors import BadInput
+from memprobe.errors import BadInput, unknown
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "strategies"
 # Installed wheels carry the built-in files inside the package.
@@ -75,8 +75,7 @@ class Strategy:
         for field, names in (("save", self.save), ("offload", self.offload)):
             for n in names:
                 if n not in CHECKPOINT_NAMES:
-                    raise BadInput(f"{where}: {field}: unknown tensor name {n!r} "
-                                   f"(known: {', '.join(CHECKPOINT_NAMES)})")
+                    raise unknown("tensor name", n, CHECKPOINT_NAMES, f"{where}: {field}: ")
         both = sorted(set(self.save) & set(self.offload))
         if both:
             raise BadInput(f"{where}: {', '.join(both)} both saved and offloaded")
@@ -152,9 +151,12 @@ def _enum(kind, value, where, key):
 
 
 def strategy_from_mapping(name: str, data: dict, where: str) -> Strategy:
-    unknown = sorted(set(data) - set(_KEYS))
-    if unknown:
-        raise BadInput(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(_KEYS)})")
+    extra = sorted(set(data) - set(_KEYS))
+    if extra == ["name"]:  # the natural first line of a strategy file, but the file names it
+        raise BadInput(f"{where}: unknown key 'name': a strategy file is named by its file name, so this "
+                       f"one is {name!r}; leave the key out")
+    if extra:
+        raise unknown("key", extra[0], _KEYS, f"{where}: ")
     for key, kind in _KEYS.items():
         if key in data and not isinstance(data[key], kind):
             raise BadInput(f"{where}: {key}: expected {kind.__name__}, got {type(data[key]).__name__}")
@@ -233,6 +235,6 @@ def select(catalogue: dict[str, Strategy], names: Iterable[str]) -> list[Strateg
     chosen = []
     for n in names:
         if n not in catalogue:
-            raise BadInput(f"unknown strategy {n!r} (known: {', '.join(catalogue)})")
+            raise unknown("strategy", n, catalogue)
         chosen.append(catalogue[n])
     return chosen

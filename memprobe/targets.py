@@ -15,7 +15,7 @@ import platform
 import re
 from pathlib import Path
 
-from memprobe.errors import BadInput
+from memprobe.errors import BadInput, unknown
 
 GIB = 1024**3
 
@@ -116,7 +116,7 @@ def resolve_target(name: str, devices: int | None = None, topology: str | None =
         return Target(platform="cuda", name=name, num_devices=devices or GPU_DEFAULT_DEVICES,
                       hbm_bytes=config_memory_bytes(config), gpu_config=GPU_KINDS[name])
     if name not in TPU_KINDS:
-        raise BadInput(f"unknown target {name!r} (known: {', '.join([*TPU_KINDS, *GPU_KINDS, 'cpu'])})")
+        raise unknown("target", name, [*TPU_KINDS, *GPU_KINDS, "cpu"])
     kind = TPU_KINDS[name]
     if topology:
         if not topology.startswith(name):

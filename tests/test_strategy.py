@@ -56,7 +56,11 @@ def test_scan_checkpoint_is_the_reported_fix():
 BAD_FILES = {
     "unknown key": ('description = "x"\nloop = "checkpoint"\ncolour = "red"\n', "unknown key 'colour'"),
     "unknown name": ('description = "x"\nloop = "checkpoint"\npolicy = "names"\nsave = ["mlp_hiden"]\n',
-                     "unknown tensor name 'mlp_hiden'"),
+                     "unknown tensor name 'mlp_hiden' (did you mean 'mlp_hidden'? known: layer_input,"),
+    "misspelt key": ('description = "x"\nloop = "checkpoint"\npolicy = "names"\nsav = ["mlp_hidden"]\n',
+                     "unknown key 'sav' (did you mean 'save'? known: description,"),
+    "a name key": ('name = "mine"\ndescription = "x"\nloop = "checkpoint"\n',
+                   "unknown key 'name': a strategy file is named by its file name, so this one is 'mine'"),
     "saved and offloaded": ('description = "x"\nloop = "checkpoint"\npolicy = "names"\n'
                             'save = ["layer_input"]\noffload = ["layer_input"]\n',
                             "layer_input both saved and offloaded"),
