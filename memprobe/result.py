@@ -86,16 +86,7 @@ class Result:
     @classmethod
     def from_json(cls, data: Any, where: str = "result") -> Result:
         """Reads a result; anything malformed is refused in one line naming what is wrong."""
-        if not isinstance(data, dict):
-            raise BadInput(f"{where}: not a memprobe result (expected a JSON object)")
-        if data.get("schema") != SCHEMA:
-            raise BadInput(f"{where}: not a memprobe result (schema {data.get('schema')!r})")
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise BadInput(f"{where}: schema_version {data.get('schema_version')!r} is not supported "
-                           f"(this memprobe reads {SCHEMA_VERSION})")
-        comparisons = data.get("comparisons")
-        if not isinstance(comparisons, list) or not comparisons:
-            raise BadInput(f"{where}: comparisons: expected a non-empty list")
+        comparisons = saved_list(data, where, SCHEMA, "result", "comparisons")
         measurements = []
         for i, comp in enumerate(comparisons):
             rows = comp.get("rows") if isinstance(comp, dict) else None
@@ -148,6 +139,22 @@ class Result:
 
 def _versions(versions: dict[str, str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
+
+
+def saved_list(data: Any, where: str, schema: str, kind: str, key: str) -> list:
+    """The non-empty list under ``key`` of a saved memprobe ``kind`` of ``schema``, version 1;
+    anything else is refused in one line."""
+    if not isinstance(data, dict):
+        raise BadInput(f"{where}: not a memprobe {kind} (expected a JSON object)")
+    if data.get("schema") != schema:
+        raise BadInput(f"{where}: not a memprobe {kind} (schema {data.get('schema')!r})")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise BadInput(f"{where}: schema_version {data.get('schema_version')!r} is not supported "
+                       f"(this memprobe reads {SCHEMA_VERSION})")
+    listed = data.get(key)
+    if not isinstance(listed, list) or not listed:
+        raise BadInput(f"{where}: {key}: expected a non-empty list")
+    return listed
 
 
 _REQUIRED = {"model", "strategy", "strategy_knobs", "target", "platform", "num_devices", "seq_len",

@@ -21,7 +21,7 @@ from memprobe.liveness import Buffer, Explained, Explanation
 from memprobe.measure import GIB, Measurement
 from memprobe.render import terminal_width
 from memprobe.render.frame import fmt, title, versions_line
-from memprobe.result import measurement_from_json
+from memprobe.result import measurement_from_json, saved_list
 
 SCHEMA = "memprobe.explain"
 
@@ -50,14 +50,7 @@ def from_json(data: Any, where: str = "result") -> Explained:
     """Reads what ``to_json`` wrote, for `memprobe report`; anything malformed is refused in
     one line naming what is wrong. The diff and the peak split are worked out again from the
     explanations, as a fresh answer's are."""
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise BadInput(f"{where}: not a memprobe explain result")
-    if data.get("schema_version") != 1:
-        raise BadInput(f"{where}: schema_version {data.get('schema_version')!r} is not supported "
-                       f"(this memprobe reads 1)")
-    listed = data.get("strategies")
-    if not isinstance(listed, list) or not listed:
-        raise BadInput(f"{where}: strategies: expected a non-empty list")
+    listed = saved_list(data, where, SCHEMA, "explain result", "strategies")
     answers = []
     for i, entry in enumerate(listed):
         at = f"{where}: strategies[{i}]"
