@@ -274,3 +274,16 @@ def test_committed_explain_reports_render_from_their_json(saved):
                         "--top", top.group(1) if top else "20"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert _without_command(r.stdout) == _without_command(committed)
+
+
+def test_a_chart_of_nothing_explained_is_said_not_left_missing(tmp_path):
+    # Every compile timed out: nothing to draw, and the user is told so rather than finding no file.
+    mine, chart = tmp_path / "slow.toml", tmp_path / "heap.png"
+    mine.write_text('description = "checkpoint, attention output saved"\nloop = "checkpoint"\n'
+                    'policy = "names"\nsave = ["attention_out"]\n')
+    r = subprocess.run([sys.executable, "-m", "memprobe", "explain", "--strategy", "slow", "--strategy-file", str(mine),
+                        "--timeout", "0.5", "--no-cache", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256",
+                        "--batch", "1", "--chart", str(chart)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert f"memprobe: no chart written to {chart}: no strategy was explained" in r.stderr
+    assert "slow failed: timed out after" in r.stdout and not chart.exists()

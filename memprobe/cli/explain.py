@@ -99,5 +99,7 @@ def _write(answer: Explained, fmt: ExplainFormat, output: Path | None, chart: Pa
 
     if chart is not None and answer.explained:
         write_bytes(chart, r.curve_png(answer))
+    elif chart is not None:  # every compile failed: say so rather than leave the file missing
+        messages().print(f"memprobe: no chart written to {chart}: no strategy was explained")
     with output_file(output) as file:
         r.write(answer, fmt.value, file, top)
