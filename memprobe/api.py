@@ -18,9 +18,10 @@ from memprobe.compile import (DEFAULT_TIMEOUT_S, check_devices, check_run, compi
                               default_host_cap, default_parallel, explain_isolated, map_stoppable)
 from memprobe.errors import BadInput, unknown
 from memprobe.gate import Tolerance, Verdict, limits, load_baseline, recheck
-from memprobe.liveness import Explained, Explanation
+from memprobe.liveness import EXPLAIN_SCHEMA, Explained, Explanation
 from memprobe.measure import Measurement
 from memprobe.plan import DEFAULT_MODEL, CompileJob, Plan, Step, make_plan
+from memprobe.render import DEFAULT_TOP
 from memprobe.result import Result, read_json
 from memprobe.search import AXES, FitResult, RoundRunner, fit_plan, search_axis
 from memprobe.strategy import DEFAULT_STRATEGIES, Strategy, load_catalogue, select
@@ -230,7 +231,7 @@ def load(path: str | Path) -> Result | Explained:
     """A result saved with ``Result.save``, `--format json` or `memprobe baseline`; or an
     ``explain`` answer saved with `memprobe explain --format json`, for ``report``."""
     data = read_json(Path(path))
-    if isinstance(data, dict) and data.get("schema") == "memprobe.explain":
+    if isinstance(data, dict) and data.get("schema") == EXPLAIN_SCHEMA:
         from memprobe.render.explain import from_json  # pandas, only for an explain answer
 
         return from_json(data, str(path))
@@ -246,7 +247,7 @@ def frame(result: Result) -> pd.DataFrame:
 
 
 def report(result: Result | Explained, fmt: str = "table", file: IO[str] | None = None, *,
-           top: int = 20) -> str | None:
+           top: int = DEFAULT_TOP) -> str | None:
     """`memprobe report` as a call: ``result`` as table, markdown, json, csv or html, written
     to ``file``, or returned as a string when no file is given. An ``explain`` answer renders
     as `memprobe explain` prints it (table, markdown or json), ``top`` buffers or diff groups

@@ -458,6 +458,10 @@ def diff(a: Explanation, b: Explanation) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: -abs(r["delta_bytes"]))
 
 
+#: The ``schema`` of a saved ``Explained`` (`memprobe explain --format json`).
+EXPLAIN_SCHEMA = "memprobe.explain"
+
+
 @dataclasses.dataclass(frozen=True)
 class Explained:
     """What ``memprobe explain`` answers: per strategy asked, in the order asked, its compile's

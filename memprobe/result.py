@@ -182,9 +182,8 @@ def measurement_from_json(row: Any, at: str) -> Measurement:
         value = row.get(field, 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise BadInput(f"{at}: {field}: expected a byte count, got {value!r}")
-    names = {f.name for f in dataclasses.fields(Measurement)}
     try:
-        return Measurement.from_dict({k: v for k, v in row.items() if k in names})
+        return Measurement.from_dict(row)  # which keeps only Measurement's fields
     except TypeError as e:
         raise BadInput(f"{at}: {e}") from None
 

@@ -15,7 +15,7 @@ from memprobe.cli.compare import check_run_options
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.liveness import Explained
 from memprobe.plan import DEFAULT_MODEL, Step
-from memprobe.render import ExplainFormat, check_top
+from memprobe.render import DEFAULT_TOP, ExplainFormat, check_top
 from memprobe.targets import DEFAULT_TARGET
 
 
@@ -45,7 +45,7 @@ def explain(
     strategies_dir: o.StrategiesDir = None,
     loss_chunks: o.LossChunks = None,
     step: o.StepKind = Step.TRAIN,
-    top: Annotated[int, typer.Option("--top", help="Buffers (or diff groups) to list; the rest are summed.")] = 20,
+    top: Annotated[int, typer.Option("--top", help="Buffers (or diff groups) to list; the rest are summed.")] = DEFAULT_TOP,
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
     no_cache: o.NoCache = False,
     max_host_memory: o.MaxHostMemory = None,

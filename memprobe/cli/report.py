@@ -12,7 +12,8 @@ from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, output_file, write_bytes, write_result
 from memprobe.errors import BadInput
 from memprobe.measure import parse_host_ram, with_host_ram
-from memprobe.render import ExplainFormat, FitFormat, Format, check_top
+from memprobe.liveness import EXPLAIN_SCHEMA
+from memprobe.render import DEFAULT_TOP, ExplainFormat, FitFormat, Format, check_top
 from memprobe.result import Result, read_json
 
 
@@ -28,7 +29,7 @@ def report(
     devices_per_host: o.DevicesPerHost = None,
     top: Annotated[int | None, typer.Option(
         "--top", help="For an `explain` result: buffers (or diff groups) to list; the rest are "
-                      "summed. [default: 20]")] = None,
+                      f"summed. [default: {DEFAULT_TOP}]")] = None,
 ) -> int:
     """Re-render saved results (table, markdown, json, csv, html) without recompiling, several
     merged into one; with --host-ram, judge offload rows against a host's RAM too. A `fit`
@@ -41,10 +42,10 @@ def report(
             if len(results) > 1:
                 raise BadInput(f"{path}: a fit result renders on its own, not merged with other results")
             return _fit_report(data, path, format, output, chart, ram, top)
-        if isinstance(data, dict) and data.get("schema") == "memprobe.explain":
+        if isinstance(data, dict) and data.get("schema") == EXPLAIN_SCHEMA:
             if len(results) > 1:
                 raise BadInput(f"{path}: an explain result renders on its own, not merged with other results")
-            return _explain_report(data, path, format, output, chart, ram, 20 if top is None else top)
+            return _explain_report(data, path, format, output, chart, ram, DEFAULT_TOP if top is None else top)
         if top is not None:
             raise BadInput(f"{path}: --top applies to an explain result, not to a comparison")
         loaded_files.append((str(path), Result.from_json(data, str(path))))

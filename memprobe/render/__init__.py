@@ -27,6 +27,10 @@ class ExplainFormat(str, enum.Enum):
     JSON = "json"
 
 
+#: Buffers (or diff groups) an `explain` listing shows by default; the rest are summed.
+DEFAULT_TOP = 20
+
+
 def check_top(top: int) -> None:
     """`explain`'s --top: how many buffers (or diff groups) to list."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:

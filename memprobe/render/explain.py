@@ -17,13 +17,13 @@ from typing import IO, Any
 import pandas as pd
 
 from memprobe.errors import BadInput
-from memprobe.liveness import Buffer, Explained, Explanation
+from memprobe.liveness import EXPLAIN_SCHEMA, Buffer, Explained, Explanation
 from memprobe.measure import GIB, Measurement
-from memprobe.render import terminal_width
+from memprobe.render import DEFAULT_TOP, terminal_width
 from memprobe.render.frame import fmt, title, versions_line
 from memprobe.result import measurement_from_json, saved_list
 
-SCHEMA = "memprobe.explain"
+SCHEMA = EXPLAIN_SCHEMA
 
 MIB = 1024**2
 
@@ -67,7 +67,7 @@ def from_json(data: Any, where: str = "result") -> Explained:
     return Explained(answers, data.get("command"))
 
 
-def write(answer: Explained, fmt_name: str, file: IO[str], top: int = 20, width: int | None = None) -> None:
+def write(answer: Explained, fmt_name: str, file: IO[str], top: int = DEFAULT_TOP, width: int | None = None) -> None:
     """``answer`` as table, markdown or json: the diff first (where there is one), then each
     strategy's buffers live at its peak and, for offload, those in host memory; a failed
     compile is said in a line of its own where its listing would be."""
