@@ -5,6 +5,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -191,6 +192,21 @@ def test_help_wraps_sentences_to_the_terminal_not_to_the_source():
     assert r.returncode == 0
     assert ("Exit 0: every peak and host figure within tolerance, every peak under --max-peak. Exit 1: a "
             "regression, a peak over budget or a failed compile. Exit 2: bad input.") in r.stdout, r.stdout
+
+
+def test_help_says_what_an_option_takes_not_its_python_type():
+    wide = {"COLUMNS": "200"}
+    for command in ("compare", "fit", "baseline", "check", "explain"):
+        r = memprobe(command, "--help", env=wide)
+        assert r.returncode == 0, r.stderr
+        assert "list[Path]" not in r.stdout and "str,str" not in r.stdout, r.stdout
+        if command != "check":
+            assert re.search(r"--strategy-file +<path> ", r.stdout), r.stdout
+        for option in {"compare": ("--host-ram", "--max-host-memory"), "fit": ("--budget",),
+                       "check": ("--max-peak",)}.get(command, ()):
+            assert re.search(option + r" +<size> ", r.stdout), (option, r.stdout)
+    r = memprobe("explain", "--help", env=wide)
+    assert re.search(r"--diff +<A B> ", r.stdout), r.stdout
 
 
 def test_user_strategy_file_runs_end_to_end(tmp_path):

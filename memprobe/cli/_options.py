@@ -19,14 +19,14 @@ Devices = Annotated[int | None, typer.Option("--devices", help="Device count (de
 Topology = Annotated[str | None, typer.Option("--topology", help="TPU topology, e.g. v5p:2x2x1.")]
 Strategies = Annotated[
     str | None,
-    typer.Option("--strategies", help="Comma-separated strategies, or 'all' for every built-in "
+    typer.Option("--strategies", metavar="<names>", help="Comma-separated strategies, or 'all' for every built-in "
                  "(default: the four families). The first is the baseline for deltas and FLOPs."),
 ]
 StrategyFile = Annotated[
-    list[Path] | None, typer.Option("--strategy-file", help="A strategy TOML file of your own (repeatable).")
+    list[Path] | None, typer.Option("--strategy-file", metavar="<path>", help="A strategy TOML file of your own (repeatable).")
 ]
 StrategiesDir = Annotated[
-    list[Path] | None, typer.Option("--strategies-dir", help="A directory of strategy TOML files (repeatable).")
+    list[Path] | None, typer.Option("--strategies-dir", metavar="<dir>", help="A directory of strategy TOML files (repeatable).")
 ]
 LossChunks = Annotated[
     int | None,
@@ -50,10 +50,10 @@ Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the r
 Chart = Annotated[Path | None, typer.Option("--chart", help="Also save a PNG chart: per strategy, "
                                             "the peak's parts stacked, HBM capacity as a line.")]
 MaxHostMemory = Annotated[str | None, typer.Option(
-    "--max-host-memory", help="Host memory one compile process may use before it is stopped and "
+    "--max-host-memory", metavar="<size>", help="Host memory one compile process may use before it is stopped and "
     "its row marked failed, e.g. 12GiB (default: 90% of this machine's memory).")]
 HostRam = Annotated[str | None, typer.Option(
-    "--host-ram", help="RAM of one accelerator host, e.g. 1TiB: a row whose host GiB (offload), times "
+    "--host-ram", metavar="<size>", help="RAM of one accelerator host, e.g. 1TiB: a row whose host GiB (offload), times "
     "the devices that share the host, exceeds it is judged 'over host RAM'. Not checked without it.")]
 DevicesPerHost = Annotated[int | None, typer.Option(
     "--devices-per-host", help="Devices that share one host's RAM, for --host-ram (default: TPU as "

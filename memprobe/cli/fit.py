@@ -42,7 +42,7 @@ def fit(
     loss_chunks: o.LossChunks = None,
     step: o.StepKind = Step.TRAIN,
     budget: Annotated[str | None, typer.Option(
-        "--budget", help="Per-device memory to fit in, e.g. 85GiB to keep headroom (default: the "
+        "--budget", metavar="<size>", help="Per-device memory to fit in, e.g. 85GiB to keep headroom (default: the "
         "target's HBM per device).")] = None,
     max_batch: Annotated[int | None, typer.Option(
         "--max-batch", help=f"The largest per-device batch to try (default {DEFAULT_MAX_BATCH}).")] = None,
