@@ -6,7 +6,7 @@ backward, AdamW update) on one device:
 1. the deviceless estimate: memprobe's compile for ``--target`` (h200 by default), exactly
    as ``memprobe compare --target h200 --devices 1`` makes it; or, with ``--estimates``,
    read from such a command's JSON, computed on another machine (the GPU machine lent
-   here has another jax and CUDA plugin than memprobe's gpu extra; see the README);
+   here has another jax and CUDA plugin than memprobe's gpu extra; see docs/benchmarks.md);
 2. the on-device compile's own estimate: the same step compiled for the local device,
    ``memory_analysis()`` argument + output - alias + temp;
 3. the measurement: parameters, AdamW state and a batch filled with random values on the

@@ -24,7 +24,7 @@ def test_over_capacity_is_flagged_with_the_figures():
 
 def test_xla_peak_above_the_peak_is_flagged_on_the_one_full_size_row_that_shows_it():
     # No small configuration reproduces it, and a full-size E4B compile takes 25 minutes, so
-    # this reads the committed full-size results (real compiles, see the README). Only E4B
+    # this reads the committed full-size results (real compiles, see docs/findings.md). Only E4B
     # offload-mlp has XLA's peak above argument + output - alias + temp.
     flagged = {}
     for path in sorted(REPORTS.glob("gemma4-*-tpu7x-8.json")) + sorted(REPORTS.glob("gemma4-*-h100-8.json")):
@@ -42,7 +42,7 @@ def test_xla_peak_above_the_peak_is_flagged_on_the_one_full_size_row_that_shows_
 
 
 def _e4b_full_size():
-    # Full-size E4B on tpu7x:2x2x1 (real compiles, see the README): offload-mlp puts
+    # Full-size E4B on tpu7x:2x2x1 (real compiles, see docs/findings.md): offload-mlp puts
     # 153.75 GiB per device in host memory, offload 7.50 GiB, the rest nothing.
     [group] = Result.load(REPORTS / "gemma4-e4b-seq24576-b8-tpu7x-8.json").comparisons
     return group

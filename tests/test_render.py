@@ -137,7 +137,7 @@ def test_host_column_is_explained_only_where_a_row_offloads():
 
     from memprobe.render.frame import footnotes
 
-    # The committed full-size E2B H100 comparison (real compiles, see the README) offloads
+    # The committed full-size E2B H100 comparison (real compiles, see docs/findings.md) offloads
     # 0.05 GiB with `offload`; the tiny CPU comparison offloads nothing.
     [h100] = Result.load(Path(__file__).parent.parent / "reports" / "gemma4-e2b-seq8192-b1-h100-8.json").comparisons
     assert any(m.host_bytes for m in h100)

@@ -1,0 +1,45 @@
+"""The README and docs/ link to each other, to the committed reports and to sections by
+anchor; a page moved or a heading renamed must not leave a link to nothing."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation but '-' dropped, spaces to '-'."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def _links(page: Path):
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
+    for target in LINK.findall(text):
+        if not re.match(r"[a-z]+:", target):
+            yield target
+
+
+def test_every_relative_link_and_anchor_resolves():
+    broken = []
+    for page in PAGES:
+        for target in _links(page):
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and (dest.suffix != ".md" or anchor not in _anchors(dest)):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+    assert len(PAGES) > 5  # the docs/ pages were found
+
+
+def test_every_committed_report_is_linked_from_the_docs():
+    linked = {(page.parent / t.partition("#")[0]).resolve() for page in PAGES for t in _links(page)}
+    reports = sorted((ROOT / "reports").glob("*.md"))
+    assert reports
+    orphans = [r.name for r in reports if r.resolve() not in linked]
+    assert not orphans, orphans
