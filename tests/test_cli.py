@@ -181,6 +181,22 @@ def test_strategies_and_targets_list_what_exists():
             assert fragment in t.stdout
 
 
+def test_piped_tables_take_the_width_columns_asks_for():
+    # Piped, a table is 160 columns wide (220 for the catalogue) so that rows stay whole,
+    # unless $COLUMNS asks for a width, as it does for rich's own consoles.
+    def widest(r):
+        assert r.returncode == 0, r.stderr
+        return max(len(line) for line in r.stdout.splitlines())
+
+    unset = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    piped = subprocess.run([sys.executable, "-m", "memprobe", "targets"], capture_output=True, text=True,
+                           env=unset, timeout=120)
+    assert 100 < widest(piped) <= 160
+    assert widest(memprobe("targets", env={"COLUMNS": "100"})) <= 100
+    assert widest(memprobe("strategies", env={"COLUMNS": "100"})) <= 100
+    assert widest(memprobe("report", E4B, "--format", "table", env={"COLUMNS": "90"}, cwd=ROOT)) <= 90
+
+
 def test_help_wraps_sentences_to_the_terminal_not_to_the_source():
     # Wide enough that no sentence needs wrapping: a break inside one is the docstring's own.
     wide = {"COLUMNS": "400"}

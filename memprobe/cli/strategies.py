@@ -17,7 +17,7 @@ def list_strategies(strategy_file: o.StrategyFile = None, strategies_dir: o.Stra
     """List the built-in strategies (and your own files) with all their knobs."""
     catalogue = load_catalogue(strategy_file or (), strategies_dir or ())
     # Piped or redirected: wide enough that every knob and description stays on its row.
-    width = terminal_width(sys.stdout) if sys.stdout.isatty() else 220
+    width = terminal_width(sys.stdout, piped=220)
     print_catalogue(list(catalogue.values()), Console(width=width, highlight=False))
     return 0
 

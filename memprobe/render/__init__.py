@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import os
 from typing import IO
 
 from rich.console import Console
@@ -45,9 +46,14 @@ class FitFormat(str, enum.Enum):
     JSON = "json"
 
 
-def terminal_width(file: IO[str]) -> int:
-    """The terminal's width; 160 columns when writing to a pipe or file, so rows stay whole."""
-    return Console(file=file).width if getattr(file, "isatty", lambda: False)() else 160
+def terminal_width(file: IO[str], piped: int = 160) -> int:
+    """The width to lay a table out in: $COLUMNS when it is set (as for rich's own consoles, and
+    as for `less` or a CI log that asks for a width), else the terminal's, else ``piped``
+    columns when writing to a pipe or file, so rows stay whole."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return Console(file=file).width if getattr(file, "isatty", lambda: False)() else piped
 
 
 def render(result: Result, fmt: Format, file: IO[str]) -> None:
