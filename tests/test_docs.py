@@ -43,3 +43,28 @@ def test_every_committed_report_is_linked_from_the_docs():
     assert reports
     orphans = [r.name for r in reports if r.resolve() not in linked]
     assert not orphans, orphans
+
+
+def test_the_result_field_reference_names_exactly_the_fields_written():
+    # A committed result read and written again by the current code: the fields a reader of
+    # `--format json` gets today, against the table in docs/reports.md.
+    import json
+
+    from memprobe.result import Result
+
+    text = (ROOT / "docs" / "reports.md").read_text()
+    section = text.split("## The JSON result, field by field", 1)[1]
+    documented = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            documented |= set(re.findall(r"`([a-z_]+)`", line.split("|")[1]))
+    data = json.loads((ROOT / "reports" / "gemma4-e2b-seq8192-b1-h100-8.json").read_text())
+    written = Result.from_json(data).to_json()
+    [comparison, *_] = written["comparisons"]
+    row_fields = {k for row in comparison["rows"] for k in row}
+    assert documented == row_fields, (sorted(documented - row_fields), sorted(row_fields - documented))
+    top = section.split("| row field |", 1)[0]
+    for key in written:
+        assert f"`{key}`" in top, key
+    for key in comparison["config"]:
+        assert key in row_fields
