@@ -22,6 +22,10 @@ fails its checksum is treated as missing, so that job compiles again.
 
 We do not use JAX's persistent compilation cache: executables loaded from it can lose
 their memory statistics, and the figures are all memprobe needs.
+
+Beside the entries, ``compile-times.jsonl`` keeps one line per compile this machine ran
+(what was compiled, the shapes, how long the compile process took), so that a long run can
+say what to expect before it ends (``ResultCache.last_time``).
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import tempfile
+import time
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -85,6 +91,12 @@ def key_fields(job: CompileJob, env: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def _work(job: CompileJob) -> str:
+    """What a compile's duration depends on, apart from the shapes."""
+    return _digest({"model": job.model.name, "strategy": job.strategy.as_compiled().knobs(),
+                    "target": dataclasses.asdict(job.target), "step": job.step.value})
+
+
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -124,6 +136,8 @@ class ResultCache:
         """Stores a successful measurement; a cache that cannot be written is skipped silently."""
         if not m.ok:
             return
+        if not m.cached:
+            self._record_time(job, m)
         key = key_fields(job, env)
         record = dataclasses.replace(m, cached=False).to_dict()
         self._write(key, {"key": key, "checksum": _digest(record), "measurement": record})
@@ -138,6 +152,47 @@ class ResultCache:
             os.replace(tmp, self._path(key))
         except OSError:
             pass
+
+    @property
+    def _times_path(self) -> Path:
+        return self.directory / "compile-times.jsonl"
+
+    def _record_time(self, job: CompileJob, m: Measurement) -> None:
+        if m.process_seconds is None:
+            return
+        line = json.dumps({"work": _work(job), "seq": job.shapes.seq_len, "batch": job.shapes.batch_per_device,
+                           "seconds": round(m.process_seconds, 1), "when": int(time.time())})
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with open(self._times_path, "a") as f:  # one short line per append: whole, in any order
+                f.write(line + "\n")
+        except OSError:
+            pass
+
+    def last_time(self, job: CompileJob) -> tuple[float, int, int] | None:
+        """How long the compile process of the same work (model, strategy knobs, target and
+        devices, step) took last on this machine: (seconds, seq, batch), at the same shapes
+        when it was compiled at them, else at the shapes nearest in tokens per device; None
+        when it never was."""
+        work, tokens = _work(job), job.shapes.seq_len * job.shapes.batch_per_device
+        best = None
+        try:
+            lines = self._times_path.read_text().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            try:
+                t = json.loads(line)
+                if t["work"] != work:
+                    continue
+                distance = abs(math.log(t["seq"] * t["batch"] / tokens))
+                same = (t["seq"], t["batch"]) == (job.shapes.seq_len, job.shapes.batch_per_device)
+                rank = (not same, round(distance, 6), -t["when"])
+                if best is None or rank < best[0]:
+                    best = (rank, (float(t["seconds"]), int(t["seq"]), int(t["batch"])))
+            except (ValueError, KeyError, TypeError, ZeroDivisionError):
+                continue  # a line cut short or from another version: not a reason to fail
+        return best[1] if best else None
 
     def put_explained(self, job: CompileJob, env: dict[str, str], m: Measurement, explanation: dict) -> None:
         if not m.ok:

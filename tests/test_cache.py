@@ -73,3 +73,29 @@ def test_answering_from_the_cache_needs_no_jax():
             "print(sorted(m for m in ('jax', 'flax', 'pandas', 'matplotlib') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]", r.stdout
+
+
+def test_compile_times_say_what_the_same_work_took_here(tmp_path):
+    # One real compile is recorded; the same work at other shapes is answered from the
+    # nearest shapes in tokens, the same shapes win once known, other work knows nothing,
+    # and a damaged line or a re-stored cache hit changes nothing.
+    target = resolve_target("cpu", 1)
+    jobs = jobs_for("tiny-e2b", target, seq=256, batch=1, strategies=["checkpoint", "unrolled"])
+    job = jobs["checkpoint"]
+    cache = ResultCache(tmp_path)
+    env = compile_environment(job.target)
+    m, _ = _run(job, cache)
+    recorded = round(m.process_seconds, 1)
+    assert cache.last_time(job) == (recorded, 256, 1)
+    assert cache.last_time(jobs["unrolled"]) is None
+
+    at_512 = jobs_for("tiny-e2b", target, seq=512, batch=1, strategies=["checkpoint"])["checkpoint"]
+    at_2048 = jobs_for("tiny-e2b", target, seq=2048, batch=1, strategies=["checkpoint"])["checkpoint"]
+    assert cache.last_time(at_512) == (recorded, 256, 1)
+    with open(tmp_path / "compile-times.jsonl", "a") as f:
+        f.write('{"work": "cut sho\n')
+    cache.put(at_2048, env, dataclasses.replace(m, process_seconds=99.0))
+    assert cache.last_time(at_2048) == (99.0, 2048, 1)
+    assert cache.last_time(at_512) == (recorded, 256, 1)  # 2x the tokens is nearer than 4x
+    cache.put(at_512, env, dataclasses.replace(m, process_seconds=5.0, cached=True))  # a hit traced again
+    assert cache.last_time(at_512) == (recorded, 256, 1)

@@ -1,5 +1,6 @@
 """One strategy's compile dying must not lose the others' rows."""
 
+import json
 import os
 import signal
 import subprocess
@@ -143,3 +144,14 @@ def test_a_stopped_run_says_which_results_it_kept(tmp_path):
     assert again.returncode == 0, again.stderr
     assert "memprobe: unrolled: from cache" in again.stderr
     assert "memprobe: 1 compiled, 1 from cache" in again.stderr
+    # The stopped compile never finished here, so nothing is said of how long it takes.
+    assert "memprobe: checkpoint: compiling\n" in again.stderr, again.stderr
+
+    # A compile of the same work at other shapes says what it took here last time.
+    [unrolled] = [e["measurement"] for e in map(json.loads, map(Path.read_text, tmp_path.glob("*.json")))
+                  if e["measurement"]["strategy"] == "unrolled"]
+    seconds = unrolled["process_seconds"]
+    took = f"{seconds:.0f} s" if seconds < 60 else f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+    longer = subprocess.run([*args[:9], "512", *args[10:]], capture_output=True, text=True, env=env, timeout=300)
+    assert longer.returncode == 0, longer.stderr
+    assert f"memprobe: unrolled: compiling (took {took} here last time, at seq 256 x 1)\n" in longer.stderr

@@ -166,6 +166,8 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
                         transient=False, disable=not err.is_terminal)
     with progress:
         tasks = [progress.add_task(label, start=False, state="waiting", total=1) for label in labels]
+        # What each compile took here before, so a run of many minutes says what to expect.
+        hints = [_last_time_hint(cache.last_time(job)) if cache is not None else "" for job in jobs]
         started = {}
         finished = []  # measured in this run, so in the cache should the run be stopped
 
@@ -174,7 +176,8 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
                 started[i] = time.monotonic()
                 progress.start_task(tasks[i])
                 if not err.is_terminal:  # a log, not a live display: one line per change
-                    err.print(f"memprobe: {labels[i]}: {state}", highlight=False)
+                    err.print(f"memprobe: {labels[i]}: {state}{hints[i] if state == 'compiling' else ''}",
+                              highlight=False)
             if state == "cached":
                 progress.update(tasks[i], state="from cache", completed=1)
                 progress.stop_task(tasks[i])
@@ -182,7 +185,7 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
                     err.print(f"memprobe: {labels[i]}: from cache", highlight=False)
                 return
             if state in ("compiling", "tracing"):  # tracing: a cached entry gets its matmul FLOPs
-                progress.update(tasks[i], state=state)
+                progress.update(tasks[i], state=state + (hints[i] if state == "compiling" else ""))
             else:
                 if state == "done":
                     finished.append(labels[i])
@@ -199,6 +202,15 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
         except KeyboardInterrupt:
             _say_kept(finished, cache is not None)
             raise
+
+
+def _last_time_hint(last: tuple[float, int, int] | None) -> str:
+    """' (took 19 min 40 s here last time, at seq 24576 x 8)', or '' when it never ran here."""
+    if last is None:
+        return ""
+    seconds, seq, batch = last
+    took = f"{seconds:.0f} s" if seconds < 60 else f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+    return f" (took {took} here last time, at seq {seq} x {batch})"
 
 
 def _say_kept(finished: list[str], cached: bool) -> None:
