@@ -209,7 +209,8 @@ def _last_time_hint(last: tuple[float, int, int] | None) -> str:
     if last is None:
         return ""
     seconds, seq, batch = last
-    took = f"{seconds:.0f} s" if seconds < 60 else f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+    whole = round(seconds)
+    took = f"{whole} s" if whole < 60 else f"{whole // 60} min {whole % 60} s"
     return f" (took {took} here last time, at seq {seq} x {batch})"
 
 
