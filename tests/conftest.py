@@ -16,6 +16,12 @@ from memprobe.targets import resolve_target
 
 # Four CPU devices, so CPU tests can shard; TPU tests use libtpu's compile-only devices.
 os.environ.update(compile_environment(resolve_target("cpu", 4)))
+# pytest-xdist's workers start with COLUMNS=80 and LINES=24 in their environment (measured:
+# a plain pytest process has neither). memprobe lays piped tables out to $COLUMNS, so the
+# commands the tests run would print 80-column tables as if a user had asked for them; a
+# test that wants a width passes COLUMNS itself.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 # A results cache of this test process's own, so no answer comes from an earlier run.
 os.environ["MEMPROBE_CACHE_DIR"] = tempfile.mkdtemp(prefix="memprobe-test-cache-")
 atexit.register(shutil.rmtree, os.environ["MEMPROBE_CACHE_DIR"], ignore_errors=True)
