@@ -174,25 +174,34 @@ class ResultCache:
         devices, step) took last on this machine: (seconds, seq, batch), at the same shapes
         when it was compiled at them, else at the shapes nearest in tokens per device; None
         when it never was."""
-        work, tokens = _work(job), job.shapes.seq_len * job.shapes.batch_per_device
-        best = None
+        return self.last_times([job])[0]
+
+    def last_times(self, jobs: list[CompileJob]) -> list[tuple[float, int, int] | None]:
+        """``last_time`` of each job, the log read once for them all."""
         try:
             lines = self._times_path.read_text().splitlines()
         except OSError:
-            return None
+            return [None] * len(jobs)
+        records = []
         for line in lines:
             try:
                 t = json.loads(line)
-                if t["work"] != work:
-                    continue
-                distance = abs(math.log(t["seq"] * t["batch"] / tokens))
-                same = (t["seq"], t["batch"]) == (job.shapes.seq_len, job.shapes.batch_per_device)
-                rank = (not same, round(distance, 6), -t["when"])
-                if best is None or rank < best[0]:
-                    best = (rank, (float(t["seconds"]), int(t["seq"]), int(t["batch"])))
-            except (ValueError, KeyError, TypeError, ZeroDivisionError):
+                records.append((t["work"], int(t["seq"]), int(t["batch"]), float(t["seconds"]), int(t["when"])))
+            except (ValueError, KeyError, TypeError):
                 continue  # a line cut short or from another version: not a reason to fail
-        return best[1] if best else None
+        answers = []
+        for job in jobs:
+            work, seq, batch = _work(job), job.shapes.seq_len, job.shapes.batch_per_device
+            best = None
+            for r_work, r_seq, r_batch, seconds, when in records:
+                if r_work != work or r_seq < 1 or r_batch < 1:
+                    continue
+                distance = abs(math.log(r_seq * r_batch / (seq * batch)))
+                rank = ((r_seq, r_batch) != (seq, batch), round(distance, 6), -when)
+                if best is None or rank < best[0]:
+                    best = (rank, (seconds, r_seq, r_batch))
+            answers.append(best[1] if best else None)
+        return answers
 
     def put_explained(self, job: CompileJob, env: dict[str, str], m: Measurement, explanation: dict) -> None:
         if not m.ok:

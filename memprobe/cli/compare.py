@@ -167,17 +167,17 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
     with progress:
         tasks = [progress.add_task(label, start=False, state="waiting", total=1) for label in labels]
         # What each compile took here before, so a run of many minutes says what to expect.
-        hints = [_last_time_hint(cache.last_time(job)) if cache is not None else "" for job in jobs]
+        hints = [_last_time_hint(last) for last in cache.last_times(jobs)] if cache is not None else [""] * len(jobs)
         started = {}
         finished = []  # measured in this run, so in the cache should the run be stopped
 
         def on_event(i: int, state: str, elapsed: float) -> None:
+            shown = state + hints[i] if state == "compiling" else state
             if i not in started and state != "cached":
                 started[i] = time.monotonic()
                 progress.start_task(tasks[i])
                 if not err.is_terminal:  # a log, not a live display: one line per change
-                    err.print(f"memprobe: {labels[i]}: {state}{hints[i] if state == 'compiling' else ''}",
-                              highlight=False)
+                    err.print(f"memprobe: {labels[i]}: {shown}", highlight=False)
             if state == "cached":
                 progress.update(tasks[i], state="from cache", completed=1)
                 progress.stop_task(tasks[i])
@@ -185,7 +185,7 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
                     err.print(f"memprobe: {labels[i]}: from cache", highlight=False)
                 return
             if state in ("compiling", "tracing"):  # tracing: a cached entry gets its matmul FLOPs
-                progress.update(tasks[i], state=state + (hints[i] if state == "compiling" else ""))
+                progress.update(tasks[i], state=shown)
             else:
                 if state == "done":
                     finished.append(labels[i])

@@ -23,8 +23,6 @@ from memprobe.render import DEFAULT_TOP, terminal_width
 from memprobe.render.frame import fmt, title, versions_line
 from memprobe.result import measurement_from_json, saved_list
 
-SCHEMA = EXPLAIN_SCHEMA
-
 MIB = 1024**2
 
 
@@ -37,7 +35,7 @@ def to_json(answer: Explained) -> dict[str, Any]:
     explanation (null where the compile failed) and the split of its peak; the diff where
     both of two were explained."""
     data: dict[str, Any] = {
-        "schema": SCHEMA, "schema_version": 1, "command": answer.command,
+        "schema": EXPLAIN_SCHEMA, "schema_version": 1, "command": answer.command,
         "strategies": [{"measurement": m.to_dict(), "explanation": e.to_dict() if e else None,
                         "peak_parts": peak_parts(m, e) if e else None} for m, e in answer.answers]}
     pair = answer.diff  # computed on each access: once here
@@ -50,7 +48,7 @@ def from_json(data: Any, where: str = "result") -> Explained:
     """Reads what ``to_json`` wrote, for `memprobe report`; anything malformed is refused in
     one line naming what is wrong. The diff and the peak split are worked out again from the
     explanations, as a fresh answer's are."""
-    listed = saved_list(data, where, SCHEMA, "explain result", "strategies")
+    listed = saved_list(data, where, EXPLAIN_SCHEMA, "explain result", "strategies")
     answers = []
     for i, entry in enumerate(listed):
         at = f"{where}: strategies[{i}]"
