@@ -9,16 +9,20 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
+def _prose(page: Path) -> str:
+    """The page without its fenced code blocks, where a '#' or '[x](y)' is not markdown."""
+    return re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
+
+
 def _anchors(page: Path) -> set[str]:
     """GitHub's heading anchors: lower case, punctuation but '-' dropped, spaces to '-'."""
-    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
+    text = _prose(page)
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
             for h in re.findall(r"^#+ (.*)$", text, re.M)}
 
 
 def _links(page: Path):
-    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
-    for target in LINK.findall(text):
+    for target in LINK.findall(_prose(page)):
         if not re.match(r"[a-z]+:", target):
             yield target
 
