@@ -71,7 +71,7 @@ def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: st
         raise BadInput(f"step: {step!r} is not one of {', '.join(s.value for s in Step)}") from None
     plan = make_plan(model=model, strategies=chosen, target=where, seq_len=seq, batch_per_device=batch,
                      loss_chunks=loss_chunks, step=step)
-    if topology is not None and where.platform == "tpu":  # the --devices shapes are libtpu's own
+    if (topology is not None or ":" in target) and where.platform == "tpu":  # --devices shapes are libtpu's own
         check_devices(plan.jobs()[0])
     return plan, skipped
 

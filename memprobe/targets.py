@@ -93,10 +93,10 @@ class Target:
 
 
 
-def _tpu_topology_devices(kind: TpuKind, topology: str) -> int:
+def _tpu_topology_devices(kind: TpuKind, topology: str, option: str = "--topology") -> int:
     m = re.fullmatch(rf"{re.escape(kind.name)}[:=_](\d+(?:x\d+){{1,2}})", topology)
     if not m:
-        raise BadInput(f"--topology: {topology!r} is not a {kind.name} topology like "
+        raise BadInput(f"{option}: {topology!r} is not a {kind.name} topology like "
                        f"{kind.name}:{(_SHAPES_3D if kind.dims == 3 else _SHAPES_2D)[4]}")
     return math.prod(int(a) for a in m.group(1).split("x")) * kind.devices_per_chip
 
@@ -105,6 +105,12 @@ def resolve_target(name: str, devices: int | None = None, topology: str | None =
     """A target from the CLI's --target/--devices/--topology; libtpu checks the topology later."""
     if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
         raise BadInput(f"--devices must be a positive integer, got {devices!r}")
+    option = "--topology"
+    kind_part, sep, shape = name.partition(":")
+    if sep and kind_part in TPU_KINDS:  # --target v5p:2x2x1, the form libtpu and `targets` print
+        if topology and topology.removeprefix(f"{kind_part}:") != shape:
+            raise BadInput(f"--target {name} contradicts --topology {topology}")
+        name, topology, option = kind_part, name, "--target"
     if name == "cpu":
         if topology:
             raise BadInput("--topology applies to TPU targets only; use --devices for cpu")
@@ -121,9 +127,9 @@ def resolve_target(name: str, devices: int | None = None, topology: str | None =
     if topology:
         if not topology.startswith(name):
             topology = f"{name}:{topology}"
-        n = _tpu_topology_devices(kind, topology)
+        n = _tpu_topology_devices(kind, topology, option)
         if devices is not None and devices != n:
-            raise BadInput(f"--devices {devices} contradicts --topology {topology} ({n} devices)")
+            raise BadInput(f"--devices {devices} contradicts {option} {topology} ({n} devices)")
         devices = n
     else:
         devices = devices or kind.default_devices

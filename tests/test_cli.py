@@ -90,6 +90,10 @@ COMPARE_BAD = [
     (["--devices", "0"], "--devices must be a positive integer, got 0"),
     (["--seq", "1024", "--loss-chunks", "0"], "--loss-chunks must be a positive integer, got 0"),
     (["--target", "v5p", "--devices", "6"], "no standard v5p topology has 6 devices"),
+    (["--target", "v5p:2x2x1", "--topology", "v5p:4x4x4"], "--target v5p:2x2x1 contradicts --topology v5p:4x4x4"),
+    (["--target", "v5p:2x2x1", "--devices", "8"], "--devices 8 contradicts --target v5p:2x2x1 (4 devices)"),
+    (["--target", "v5p:3x3x3", "--model", "tiny-e2b", "--seq", "512"], "libtpu rejects 'v5p:3x3x3'"),
+    (["--target", "v5p:2x2x1x1"], "--target: 'v5p:2x2x1x1' is not a v5p topology like v5p:2x2x1"),
     (["--target", "cpu", "--host-ram", "1TiB"], "--host-ram: target cpu has no host memory space to check"),
     (["--host-ram", "1TiB", "--devices-per-host", "16"], "--devices-per-host 16 is more than the 8 devices of tpu7x:2x2x1"),
 ]

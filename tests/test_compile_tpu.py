@@ -142,5 +142,6 @@ def test_devices_per_host_is_how_libtpu_lays_out_hosts(topology):
 
     name = topology.split(":")[0]
     target = resolve_target(name, topology=topology)
+    assert resolve_target(topology) == target  # --target v5p:2x2x2 is --target v5p --topology v5p:2x2x2
     per_process = Counter(d.process_index for d in make_devices(target))
     assert set(per_process.values()) == {devices_per_host("tpu", name, target.num_devices, topology)}
