@@ -129,7 +129,8 @@ EXPLAIN_BAD = [
                          + [("explain", *case) for case in EXPLAIN_BAD]
                          + [("report", *case) for case in REPORT_BAD])
 def test_bad_input_is_one_line_and_exit_2(command, args, message):
-    r = memprobe(command, *args, cwd=ROOT)
+    # Refused before any compile: a case that is valid after all must not start a full-size one.
+    r = memprobe(command, *args, cwd=ROOT, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [l for l in r.stderr.splitlines() if l.startswith("memprobe: error:")]
     assert len(lines) == 1 and message in lines[0], r.stderr
