@@ -25,7 +25,8 @@ their memory statistics, and the figures are all memprobe needs.
 
 Beside the entries, ``compile-times.jsonl`` keeps one line per compile this machine ran
 (what was compiled, the shapes, how long the compile process took), so that a long run can
-say what to expect before it ends (``ResultCache.last_time``).
+say what to expect before it ends (``ResultCache.last_time``); past 512 KiB it is compacted
+to the latest line of each work at each shape.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ _PACKAGE = Path(__file__).resolve().parent
 # The sources that build the program. The strategy enters the key by its knobs as
 # compiled; how a record is read from the compiler is covered by FORMAT.
 _PROGRAM_SOURCES = ("model", "remat.py", "build.py")
+# The compile-times log is compacted once it passes this size (about 4,000 lines of ~125
+# bytes), to at most TIMES_KEPT lines.
+TIMES_COMPACT_BYTES = 512 * 1024
+TIMES_KEPT = 1000
 
 
 def default_dir() -> Path:
@@ -166,8 +171,29 @@ class ResultCache:
             self.directory.mkdir(parents=True, exist_ok=True)
             with open(self._times_path, "a") as f:  # one short line per append: whole, in any order
                 f.write(line + "\n")
+            if self._times_path.stat().st_size > TIMES_COMPACT_BYTES:
+                self._compact_times()
         except OSError:
             pass
+
+    def _compact_times(self) -> None:
+        """Rewrites the log with only what ``last_times`` can answer from: the latest line of
+        each work at each shape, the newest ``TIMES_KEPT`` of them. Atomic, like an entry; a
+        line appended by another process meanwhile may be lost, which costs one hint."""
+        latest: dict[tuple, tuple[int, str]] = {}
+        for line in self._times_path.read_text().splitlines():
+            try:
+                t = json.loads(line)
+                where, when = (t["work"], int(t["seq"]), int(t["batch"])), int(t["when"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if where not in latest or when >= latest[where][0]:
+                latest[where] = (when, line)
+        kept = sorted(latest.values())[-TIMES_KEPT:]
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".times-", suffix=".part")
+        with os.fdopen(fd, "w") as f:
+            f.writelines(line + "\n" for _, line in kept)
+        os.replace(tmp, self._times_path)
 
     def last_time(self, job: CompileJob) -> tuple[float, int, int] | None:
         """How long the compile process of the same work (model, strategy knobs, target and

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from conftest import jobs_for
-from memprobe.cache import ResultCache
+from memprobe.cache import TIMES_COMPACT_BYTES, ResultCache, _work
 from memprobe.compile import compile_environment, compile_jobs
 from memprobe.targets import resolve_target
 
@@ -99,3 +99,16 @@ def test_compile_times_say_what_the_same_work_took_here(tmp_path):
     assert cache.last_time(at_512) == (recorded, 256, 1)  # 2x the tokens is nearer than 4x
     cache.put(at_512, env, dataclasses.replace(m, process_seconds=5.0, cached=True))  # a hit traced again
     assert cache.last_time(at_512) == (recorded, 256, 1)
+
+    # Past TIMES_COMPACT_BYTES the log keeps only the latest line of each work at each shape,
+    # and answers as before.
+    log = tmp_path / "compile-times.jsonl"
+    stale = json.dumps({"work": _work(at_2048), "seq": 2048, "batch": 1, "seconds": 1.0, "when": 1})
+    with open(log, "a") as f:
+        f.write((stale + "\n") * (TIMES_COMPACT_BYTES // len(stale) + 1))
+    cache.put(at_512, env, dataclasses.replace(m, process_seconds=7.0))
+    assert len(log.read_text().splitlines()) == 3  # at 256, 2048 and 512: stale and damaged lines gone
+    assert log.stat().st_size < 1000
+    assert cache.last_time(job) == (recorded, 256, 1)
+    assert cache.last_time(at_2048) == (99.0, 2048, 1)
+    assert cache.last_time(at_512) == (7.0, 512, 1)
