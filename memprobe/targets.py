@@ -87,9 +87,8 @@ class Target:
 
     @property
     def label(self) -> str:
-        if self.topology:
-            return f"{self.topology} ({self.num_devices} devices)"
-        return f"{self.name} ({self.num_devices} device{'s' if self.num_devices > 1 else ''})"
+        devices = f"{self.num_devices} device{'s' if self.num_devices > 1 else ''}"
+        return f"{self.topology or self.name} ({devices})"
 
 
 

@@ -131,7 +131,7 @@ def test_offload_inside_a_kept_one_trip_loop_is_inert_and_collapses():
 
 
 @pytest.mark.parametrize("topology", ["tpu7x:2x2x1", "tpu7x:2x2x2", "tpu7x:1x1x2", "tpu7x:4x1x1", "v5p:2x2x2",
-                                      "v5p:1x1x4", "v5p:1x2x2", "v6e:2x4", "v6e:1x8", "v5e:4x4", "v5e:1x4"])
+                                      "v5p:1x1x4", "v5p:1x2x2", "v6e:2x4", "v6e:1x8", "v5e:4x4", "v5e:1x4", "v5e:1x1"])
 def test_devices_per_host_is_how_libtpu_lays_out_hosts(topology):
     # --host-ram's default: how many compile-only devices libtpu puts on each host
     # (process), which memprobe states without loading libtpu.
@@ -143,5 +143,6 @@ def test_devices_per_host_is_how_libtpu_lays_out_hosts(topology):
     name = topology.split(":")[0]
     target = resolve_target(name, topology=topology)
     assert resolve_target(topology) == target  # --target v5p:2x2x2 is --target v5p --topology v5p:2x2x2
+    assert target.label == ("v5e:1x1 (1 device)" if topology == "v5e:1x1" else f"{topology} ({target.num_devices} devices)")
     per_process = Counter(d.process_index for d in make_devices(target))
     assert set(per_process.values()) == {devices_per_host("tpu", name, target.num_devices, topology)}
