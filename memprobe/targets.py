@@ -30,6 +30,13 @@ class TpuKind:
     default_devices: int
     chip_config: str | None = None
     note: str = ""
+    # TensorCores behind one device, which is what a Cloud TPU accelerator type counts:
+    # v5p-8 and v4-8 are 4 chips of 2 cores run as one (megacore) device each; tpu7x-8 is
+    # 4 chips whose 2 cores are 2 devices; v5e-4 and v6e-4 are 4 single-core chips.
+    cores_per_device: int = 1
+
+    def accelerator_type(self, devices: int) -> str:
+        return f"{self.name}-{devices * self.cores_per_device}"
 
     @property
     def hbm_bytes(self) -> int:
@@ -41,12 +48,13 @@ TPU_KINDS: dict[str, TpuKind] = {
     for k in (
         TpuKind("tpu7x", "TPU7x", 2, 3, 94.74, 8, note="Ironwood; 2 devices per chip"),
         TpuKind("v6e", "TPU v6 lite", 1, 2, 31.24, 4, note="Trillium"),
-        TpuKind("v5p", "TPU v5", 1, 3, 95.73, 4),
+        TpuKind("v5p", "TPU v5", 1, 3, 95.73, 4, cores_per_device=2),
         TpuKind("v5e", "TPU v5 lite", 1, 2, 15.75, 4),
         # Real v4 jobs run in megacore mode: one device per chip with both cores' HBM.
-        TpuKind("v4", "TPU v4", 1, 3, 30.75, 4, chip_config="megacore", note="megacore"),
+        TpuKind("v4", "TPU v4", 1, 3, 30.75, 4, chip_config="megacore", note="megacore", cores_per_device=2),
     )
 }
+_TYPE_ALIASES = {"v5litepod": "v5e"}  # Cloud TPU's name for v5e slices
 
 _SHAPES_3D = {1: "1x1x1", 2: "1x2x1", 4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4",
               64: "4x4x4", 128: "4x4x8", 256: "4x8x8"}
@@ -100,16 +108,40 @@ def _tpu_topology_devices(kind: TpuKind, topology: str, option: str = "--topolog
     return math.prod(int(a) for a in m.group(1).split("x")) * kind.devices_per_chip
 
 
+def _split_target(name: str, devices: int | None, topology: str | None):
+    """--target as a kind and topology (v5p:2x2x1) or a Cloud TPU accelerator type (v5p-8,
+    v5litepod-16) taken apart: (kind, devices, topology, and the options that the topology
+    and the device count came from, for errors)."""
+    kind_part, sep, shape = name.partition(":")
+    if sep and kind_part in TPU_KINDS:  # the form libtpu and `memprobe targets` print
+        if topology and topology.removeprefix(f"{kind_part}:") != shape:
+            raise BadInput(f"--target {name} contradicts --topology {topology}")
+        return kind_part, devices, name, "--target", "--devices"
+    m = re.fullmatch(r"([a-z0-9]+)-(\d+)", name)
+    kind = TPU_KINDS.get(_TYPE_ALIASES.get(m.group(1), m.group(1))) if m else None
+    if kind is None:
+        return name, devices, topology, "--topology", "--devices"
+    cores = int(m.group(2))
+    if cores < 1:
+        raise BadInput(f"--target {name}: an accelerator type counts TensorCores, at least 1")
+    if cores % kind.cores_per_device:
+        raise BadInput(f"--target {name}: {kind.name} accelerator types count TensorCores, "
+                       f"{kind.cores_per_device} per device, so {cores} is not a whole number of devices")
+    n = cores // kind.cores_per_device
+    if devices is not None and devices != n:
+        raise BadInput(f"--devices {devices} contradicts --target {name} ({n} devices)")
+    if topology:
+        topology = topology if topology.startswith(kind.name) else f"{kind.name}:{topology}"
+        if _tpu_topology_devices(kind, topology) != n:
+            raise BadInput(f"--target {name} ({n} devices) contradicts --topology {topology}")
+    return kind.name, n, topology, "--topology", f"--target {name}"
+
+
 def resolve_target(name: str, devices: int | None = None, topology: str | None = None) -> Target:
     """A target from the CLI's --target/--devices/--topology; libtpu checks the topology later."""
     if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
         raise BadInput(f"--devices must be a positive integer, got {devices!r}")
-    option = "--topology"
-    kind_part, sep, shape = name.partition(":")
-    if sep and kind_part in TPU_KINDS:  # --target v5p:2x2x1, the form libtpu and `targets` print
-        if topology and topology.removeprefix(f"{kind_part}:") != shape:
-            raise BadInput(f"--target {name} contradicts --topology {topology}")
-        name, topology, option = kind_part, name, "--target"
+    name, devices, topology, option, devices_option = _split_target(name, devices, topology)
     if name == "cpu":
         if topology:
             raise BadInput("--topology applies to TPU targets only; use --devices for cpu")
@@ -133,12 +165,12 @@ def resolve_target(name: str, devices: int | None = None, topology: str | None =
     else:
         devices = devices or kind.default_devices
         if devices % kind.devices_per_chip:
-            raise BadInput(f"--devices: {name} has {kind.devices_per_chip} devices per chip, "
+            raise BadInput(f"{devices_option}: {name} has {kind.devices_per_chip} devices per chip, "
                            f"so {devices} is not a whole number of chips")
         chips = devices // kind.devices_per_chip
         shapes = _SHAPES_3D if kind.dims == 3 else _SHAPES_2D
         if chips not in shapes:
-            raise BadInput(f"--devices: no standard {name} topology has {devices} devices "
+            raise BadInput(f"{devices_option}: no standard {name} topology has {devices} devices "
                            f"(try {', '.join(str(c * kind.devices_per_chip) for c in shapes)} "
                            "or pass --topology)")
         topology = f"{name}:{shapes[chips]}"

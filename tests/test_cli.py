@@ -93,6 +93,11 @@ COMPARE_BAD = [
     (["--target", "v5p:2x2x1", "--topology", "v5p:4x4x4"], "--target v5p:2x2x1 contradicts --topology v5p:4x4x4"),
     (["--target", "v5p:2x2x1", "--devices", "8"], "--devices 8 contradicts --target v5p:2x2x1 (4 devices)"),
     (["--target", "v5p:3x3x3", "--model", "tiny-e2b", "--seq", "512"], "libtpu rejects 'v5p:3x3x3'"),
+    (["--target", "v5p-7"], "--target v5p-7: v5p accelerator types count TensorCores, 2 per device, so 7 is not"),
+    (["--target", "v5p-8", "--devices", "8"], "--devices 8 contradicts --target v5p-8 (4 devices)"),
+    (["--target", "v5p-8", "--topology", "v5p:2x2x2"], "--target v5p-8 (4 devices) contradicts --topology v5p:2x2x2"),
+    (["--target", "tpu7x-3"], "--target tpu7x-3: tpu7x has 2 devices per chip, so 3 is not a whole number of chips"),
+    (["--target", "v6e-0"], "--target v6e-0: an accelerator type counts TensorCores, at least 1"),
     (["--target", "v5p:2x2x1x1"], "--target: 'v5p:2x2x1x1' is not a v5p topology like v5p:2x2x1"),
     (["--target", "cpu", "--host-ram", "1TiB"], "--host-ram: target cpu has no host memory space to check"),
     (["--host-ram", "1TiB", "--devices-per-host", "16"], "--devices-per-host 16 is more than the 8 devices of tpu7x:2x2x1"),
@@ -179,7 +184,8 @@ def test_strategies_and_targets_list_what_exists():
         assert name in s.stdout
     t = memprobe("targets")
     assert t.returncode == 0
-    for fragment in ("tpu7x:2x2x1", "94.74", "v5p:2x2x1", "95.73", "v6e:2x2", "31.24", "15.75", "cpu"):
+    for fragment in ("tpu7x:2x2x1", "94.74", "v5p:2x2x1", "95.73", "v6e:2x2", "31.24", "15.75", "cpu",
+                     "tpu7x-8", "v5p-8", "v4-8", "v6e-4"):
         assert fragment in t.stdout
     if importlib.util.find_spec("jax_plugins.xla_cuda12"):  # read from the plugin's target configs
         for fragment in ("h100", "84,942,979,072", "h200", "151,397,597,184", "b200", "191,514,411,008", "a100"):

@@ -11,7 +11,7 @@ from memprobe.compile import compile_job, explain_job
 from memprobe.flags import COLLAPSED, OFFLOAD_INERT, sanity_flags
 from conftest import jobs_for
 from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue
-from memprobe.targets import resolve_target
+from memprobe.targets import TPU_KINDS, resolve_target
 
 TPU_STRATEGIES = (*DEFAULT_STRATEGIES, "scan-offload")
 
@@ -128,6 +128,21 @@ def test_offload_inside_a_kept_one_trip_loop_is_inert_and_collapses():
     assert kinds["scan-checkpoint"] == [COLLAPSED]
     # Flags stay off where they do not apply: real offload, distinct programs, all fit.
     assert kinds["offload"] == kinds["unrolled"] == kinds["checkpoint"] == []
+
+
+@pytest.mark.parametrize("accelerator_type,topology", [
+    ("v5p-8", "v5p:2x2x1"), ("v5p-256", "v5p:4x4x8"), ("v4-8", "v4:2x2x1"), ("v4-32", "v4:2x2x4"),
+    ("tpu7x-2", "tpu7x:1x1x1"), ("tpu7x-8", "tpu7x:2x2x1"), ("v6e-8", "v6e:2x4"), ("v6e-256", "v6e:16x16"),
+    ("v5litepod-16", "v5e:4x4"), ("v5e-4", "v5e:2x2")])
+def test_cloud_tpu_accelerator_types_name_their_slices(accelerator_type, topology):
+    # As Cloud TPU (and MaxText's compile_topology) name slices: v5p and v4 count TensorCores,
+    # two per megacore device; tpu7x cores are devices; v5e and v6e chips have one core.
+    from memprobe.build import make_devices
+
+    target = resolve_target(accelerator_type)
+    assert target == resolve_target(topology)
+    assert len(make_devices(target)) == target.num_devices  # libtpu agrees on the device count
+    assert TPU_KINDS[target.name].accelerator_type(target.num_devices) == accelerator_type.replace("litepod", "e")
 
 
 @pytest.mark.parametrize("topology", ["tpu7x:2x2x1", "tpu7x:2x2x2", "tpu7x:1x1x2", "tpu7x:4x1x1", "v5p:2x2x2",

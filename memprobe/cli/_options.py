@@ -13,10 +13,11 @@ from memprobe.render import Format
 Seq = Annotated[int, typer.Option("--seq", help="Sequence length (tokens per example).")]
 Batch = Annotated[int, typer.Option("--batch", help="Per-device batch (MaxText's per_device_batch_size).")]
 Model = Annotated[str, typer.Option("--model", help="Model preset: gemma4-e2b, gemma4-e4b, or tiny-e2b, tiny-e4b, small-deep for quick trials.")]
-Target = Annotated[str, typer.Option("--target", help="tpu7x, v6e, v5p, v5e, v4 (deviceless TPU), h100, h200, "
+Target = Annotated[str, typer.Option("--target", help="tpu7x, v6e, v5p, v5e, v4 (deviceless TPU; with its size "
+                                     "as v5p:2x2x1 or as a Cloud TPU accelerator type, v5p-8), h100, h200, "
                                      "b200, a100 (deviceless GPU: the gpu extra) or cpu.")]
 Devices = Annotated[int | None, typer.Option("--devices", help="Device count (default: the target's).")]
-Topology = Annotated[str | None, typer.Option("--topology", help="TPU topology, e.g. v5p:2x2x1 (or give it as --target v5p:2x2x1).")]
+Topology = Annotated[str | None, typer.Option("--topology", help="TPU topology, e.g. v5p:2x2x1.")]
 Strategies = Annotated[
     str | None,
     typer.Option("--strategies", metavar="<names>", help="Comma-separated strategies, or 'all' for every built-in "
