@@ -231,6 +231,21 @@ def test_help_says_what_an_option_takes_not_its_python_type():
             assert re.search(option + r" +<size> ", r.stdout), (option, r.stdout)
     r = memprobe("explain", "--help", env=wide)
     assert re.search(r"--diff +<A B> ", r.stdout), r.stdout
+    r = memprobe("report", "--help", env=wide)
+    assert re.search(r"RESULT +<path>\.\.\. +JSON results", r.stdout), r.stdout
+
+
+def test_help_gives_a_flag_no_value():
+    # Typer's help gave flags a type column, `--no-cache <bool>`, as if they took a value.
+    wide = {"COLUMNS": "200"}
+    for command in ("", "compare", "baseline", "fit", "check", "explain", "report", "targets", "strategies"):
+        r = memprobe(*command.split(), "--help", env=wide)
+        assert r.returncode == 0, r.stderr
+        assert "<bool>" not in r.stdout, (command, r.stdout)
+        assert re.search(r"--help +Show this message", r.stdout), (command, r.stdout)
+    r = memprobe("compare", "--help", env=wide)
+    assert re.search(r"--no-cache +Compile every strategy again", r.stdout), r.stdout
+    assert re.search(r"--seq +<int> +Sequence length", r.stdout), r.stdout
 
 
 def test_user_strategy_file_runs_end_to_end(tmp_path):

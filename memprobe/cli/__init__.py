@@ -5,23 +5,15 @@ from __future__ import annotations
 import inspect
 import signal
 import threading
+from typing import get_args
 
 import typer
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.exceptions import Abort, Exit, TyperException
 
 from memprobe.cli import check, compare, explain, fit, report, strategies, targets
 from memprobe.cli._output import messages
 from memprobe.errors import MemprobeError
-
-app = typer.Typer(
-    name="memprobe",
-    help="Will this training step fit in accelerator memory, and which remat strategy gets it "
-    "there cheapest? Compiles Gemma 4 small train steps ahead of time (deviceless for TPU) "
-    "and reads the compiler's own memory figures.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
 
 
 def _help(fn) -> str:
@@ -32,10 +24,45 @@ def _help(fn) -> str:
     return "\n\n".join(" ".join(p.split()) for p in paragraphs)
 
 
+class _PlainTypes:
+    """Typer's help gives every parameter a type column in Python's words, flags too:
+    `--no-cache <bool>` and `--help <bool>` read as if they took a value, and `report`'s
+    RESULT read `<list[Path]>`. A flag's column is left empty (it takes no value) and a
+    repeated argument reads `<path>...`; every other option keeps its type or metavar."""
+
+    def format_help(self, ctx, formatter) -> None:
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+                param.metavar = ""
+            elif isinstance(param, TyperArgument) and param.type_descriptor.is_list:
+                item = get_args(param.type_descriptor.annotation)[0].__name__.lower()
+                param.display_type_rich = lambda ctx, item=item: f"<{item}>..."
+        super().format_help(ctx, formatter)
+
+
+class _Command(_PlainTypes, TyperCommand):
+    pass
+
+
+class _Group(_PlainTypes, TyperGroup):
+    pass
+
+
+app = typer.Typer(
+    name="memprobe",
+    help="Will this training step fit in accelerator memory, and which remat strategy gets it "
+    "there cheapest? Compiles Gemma 4 small train steps ahead of time (deviceless for TPU "
+    "and NVIDIA GPUs) and reads the compiler's own memory figures.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    cls=_Group,
+)
+
 for _name, _fn in [("compare", compare.compare), ("report", report.report), ("baseline", compare.baseline),
                    ("fit", fit.fit), ("check", check.check), ("explain", explain.explain),
                    ("strategies", strategies.list_strategies), ("targets", targets.list_targets)]:
-    app.command(_name, help=_help(_fn))(_fn)
+    app.command(_name, help=_help(_fn), cls=_Command)(_fn)
 
 err = messages()
 
