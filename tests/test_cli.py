@@ -235,6 +235,25 @@ def test_help_says_what_an_option_takes_not_its_python_type():
     assert re.search(r"RESULT +<path>\.\.\. +JSON results", r.stdout), r.stdout
 
 
+def test_version_names_memprobe_and_its_compilers():
+    import importlib.metadata as md
+
+    r = memprobe("--version")
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"memprobe {md.version('memprobe')}"
+    for pkg in ("jax", "jaxlib", "libtpu"):
+        assert f"  {pkg} {md.version(pkg)}" in lines, r.stdout
+    assert any(line.startswith("  jax-cuda12-plugin ") for line in lines), r.stdout
+
+
+def test_bare_memprobe_prints_its_help_and_no_error():
+    # It printed the help, then "memprobe: error: " with nothing after it, exit 2.
+    r = memprobe()
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert "Usage: memprobe [OPTIONS] COMMAND" in r.stdout and "compare" in r.stdout
+
+
 def test_help_gives_a_flag_no_value():
     # Typer's help gave flags a type column, `--no-cache <bool>`, as if they took a value.
     wide = {"COLUMNS": "200"}
@@ -242,7 +261,8 @@ def test_help_gives_a_flag_no_value():
         r = memprobe(*command.split(), "--help", env=wide)
         assert r.returncode == 0, r.stderr
         assert "<bool>" not in r.stdout, (command, r.stdout)
-        assert re.search(r"--help +Show this message", r.stdout), (command, r.stdout)
+        assert re.search(r"--help +-h +Show this message", r.stdout), (command, r.stdout)
+        assert memprobe(*command.split(), "-h", env=wide).stdout == r.stdout
     r = memprobe("compare", "--help", env=wide)
     assert re.search(r"--no-cache +Compile every strategy again", r.stdout), r.stdout
     assert re.search(r"--seq +<int> +Sequence length", r.stdout), r.stdout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import signal
 import threading
-from typing import get_args
+from typing import Annotated, get_args
 
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
@@ -57,7 +57,29 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
     cls=_Group,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    from memprobe.compile import GPU_PACKAGES, package_versions
+
+    found = package_versions(("memprobe", "jax", "jaxlib", "libtpu", *GPU_PACKAGES, "flax", "optax"))
+    print(f"memprobe {found.pop('memprobe', 'unknown')}")
+    for pkg in ("jax", "jaxlib", "libtpu", *GPU_PACKAGES, "flax", "optax"):
+        note = {"libtpu": "TPU targets", GPU_PACKAGES[0]: "GPU targets: the gpu extra"}.get(pkg)
+        print(f"  {pkg} {found.get(pkg, 'not installed')}" + (f" ({note})" if note and pkg not in found else ""))
+    raise Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version,
+        help="Print the versions of memprobe and of the compilers it uses, then exit.")] = False) -> None:
+    pass
+
 
 for _name, _fn in [("compare", compare.compare), ("report", report.report), ("baseline", compare.baseline),
                    ("fit", fit.fit), ("check", check.check), ("explain", explain.explain),
@@ -94,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exit as e:
         return e.exit_code
     except TyperException as e:  # usage errors: unknown option, a value of the wrong type
+        if type(e).__name__ == "NoArgsIsHelpError":  # bare `memprobe`: the help, printed, is the answer
+            return 0
         # An enum option's message carries pydantic's "Value error, " prefix: noise to a user.
         err.print(f"memprobe: error: {e.format_message().replace('Value error, ', '')}", markup=False)
         return e.exit_code
