@@ -1,5 +1,6 @@
 """The README and docs/ link to each other, to the committed reports and to sections by
-anchor; a page moved or a heading renamed must not leave a link to nothing."""
+anchor; a page moved or a heading renamed must not leave a link to nothing, and a table
+copied from a report must not outlive the report's figures."""
 
 import re
 from pathlib import Path
@@ -72,3 +73,51 @@ def test_the_result_field_reference_names_exactly_the_fields_written():
         assert f"`{key}`" in top, key
     for key in comparison["config"]:
         assert key in row_fields
+
+
+# Doc columns and the frame column each one shows, at the two decimals the docs use.
+_DOC_COLUMNS = {"peak GiB": "peak_gib", "host GiB": "host_gib", "XLA peak GiB": "xla_peak_gib",
+                "temp GiB": "temp_gib", "vs unrolled": "delta_gib"}
+
+
+def _strategy_tables(page: Path):
+    """Each markdown table with a strategy and a peak GiB column, with the committed report
+    linked in the lines just above it (the table's stated source)."""
+    lines = page.read_text().splitlines()
+    for i, line in enumerate(lines):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or "strategy" not in cells or "peak GiB" not in cells:
+            continue
+        if i and lines[i - 1].startswith("|"):
+            continue  # not a header row
+        linked = [m for back in lines[max(0, i - 10):i] for m in re.findall(r"(reports/[\w.-]+)\.md", back)]
+        rows = []
+        for row in lines[i + 2:]:
+            if not row.startswith("|"):
+                break
+            rows.append(dict(zip(cells, (c.strip() for c in row.strip().strip("|").split("|")))))
+        yield i + 1, linked[-1] if linked else None, cells, rows
+
+
+def test_the_docs_strategy_tables_carry_their_reports_figures():
+    # The headline tables are copied into the README and docs/findings.md by hand; a report
+    # compiled again (new jax, a model fix) must not leave them quoting old figures.
+    import memprobe
+
+    checked = 0
+    for page in PAGES:
+        for line, source, cells, rows in _strategy_tables(page):
+            where = f"{page.relative_to(ROOT)}:{line}"
+            assert source, f"{where}: a strategy table with no report linked above it"
+            frame = memprobe.frame(memprobe.load(ROOT / f"{source}.json")).set_index("strategy")
+            assert rows, where
+            for row in rows:
+                strategy = row["strategy"].strip("`*")
+                assert strategy in frame.index, f"{where}: {strategy} is not in {source}.json"
+                for column, field in _DOC_COLUMNS.items():
+                    if column in row:
+                        shown = float(row[column].replace("+", ""))
+                        assert f"{shown:.2f}" == f"{frame.loc[strategy, field] + 0:.2f}".replace("-0.00", "0.00"), \
+                            f"{where}: {strategy} {column} {row[column]}, the report has {frame.loc[strategy, field]:.4f}"
+                checked += 1
+    assert checked >= 40  # README's table, findings' E2B, E4B, seq 8192 and H100 tables
