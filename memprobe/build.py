@@ -36,7 +36,8 @@ def make_devices(target: Target) -> list:
         try:
             desc = topologies.get_topology_desc(platform="tpu", topology_name=target.topology, **kwargs)
         except Exception as e:  # libtpu's own words for a topology it rejects
-            raise BadInput(f"--topology: libtpu rejects {target.topology!r}: "
+            # Not "--topology:": the topology may have come from --target v5p:9x9x9 or v5p-8.
+            raise BadInput(f"libtpu rejects the topology {target.topology!r}: "
                            f"{str(e).strip().splitlines()[0]}") from None
         devices = list(desc.devices)
     elif target.platform == "cuda":

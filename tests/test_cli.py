@@ -76,7 +76,7 @@ COMPARE_BAD = [
     (["--target", "h20"], "unknown target 'h20' (did you mean 'h200'? known: tpu7x,"),
     (["--target", "tpu7x", "--devices", "3"], "tpu7x has 2 devices per chip"),
     (["--target", "v5p", "--topology", "v5p:3x3x3", "--model", "tiny-e2b", "--seq", "512"],
-     "libtpu rejects 'v5p:3x3x3'"),
+     "libtpu rejects the topology 'v5p:3x3x3'"),
     (["--strategy-file", "/nonexistent/mine.toml"], "/nonexistent/mine.toml: strategy file not found"),
     (["--strategies-dir", "/nonexistent"], "/nonexistent: strategies directory not found"),
     (["--strategies-dir", "memprobe"], "memprobe: no strategy files (*.toml) in this strategies directory"),
@@ -92,7 +92,7 @@ COMPARE_BAD = [
     (["--target", "v5p", "--devices", "6"], "no standard v5p topology has 6 devices"),
     (["--target", "v5p:2x2x1", "--topology", "v5p:4x4x4"], "--target v5p:2x2x1 contradicts --topology v5p:4x4x4"),
     (["--target", "v5p:2x2x1", "--devices", "8"], "--devices 8 contradicts --target v5p:2x2x1 (4 devices)"),
-    (["--target", "v5p:3x3x3", "--model", "tiny-e2b", "--seq", "512"], "libtpu rejects 'v5p:3x3x3'"),
+    (["--target", "v5p:3x3x3", "--model", "tiny-e2b", "--seq", "512"], "libtpu rejects the topology 'v5p:3x3x3'"),
     (["--target", "v5p-7"], "--target v5p-7: v5p accelerator types count TensorCores, 2 per device, so 7 is not"),
     (["--target", "v5p-8", "--devices", "8"], "--devices 8 contradicts --target v5p-8 (4 devices)"),
     (["--target", "v5p-8", "--topology", "v5p:2x2x2"], "--target v5p-8 (4 devices) contradicts --topology v5p:2x2x2"),
@@ -151,7 +151,10 @@ def test_bad_input_is_one_line_and_exit_2(command, args, message):
     (["fit", "--target", "cpu"], "target cpu has no HBM capacity to fit in; pass --budget SIZE"),
     # libtpu is asked before the compiles start, so no progress line comes before its answer.
     (["--target", "v5p", "--topology", "9x9x9", "--model", "tiny-e2b", "--seq", "512"],
-     "--topology: libtpu rejects 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "
+     "libtpu rejects the topology 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "
+     "divisible by the given (or default) chips_per_host_bounds \"2x2x1\""),
+    (["--target", "v5p:9x9x9", "--model", "tiny-e2b", "--seq", "512"],
+     "libtpu rejects the topology 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "
      "divisible by the given (or default) chips_per_host_bounds \"2x2x1\""),
 ])
 def test_a_refused_plan_says_nothing_before_its_error(args, error):
