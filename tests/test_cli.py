@@ -195,6 +195,41 @@ def test_strategies_and_targets_list_what_exists():
             assert fragment in t.stdout
 
 
+def test_targets_and_strategies_as_json_for_scripts(tmp_path):
+    t = memprobe("targets", "--format", "json")
+    assert t.returncode == 0 and not t.stderr, t.stderr
+    rows = {r["target"]: r for r in json.loads(t.stdout)}
+    assert list(rows) == ["tpu7x", "v6e", "v5p", "v5e", "v4", "h100", "h200", "b200", "a100", "cpu"]
+    assert rows["tpu7x"]["default"] and rows["tpu7x"]["default_topology"] == "tpu7x:2x2x1"
+    assert rows["v5p"]["accelerator_type"] == "v5p-8" and rows["v5p"]["devices"] == 4
+    assert rows["tpu7x"]["hbm_gib"] == 94.74 and rows["tpu7x"]["hbm_bytes"] == round(94.74 * 2**30)
+    assert all(rows[k]["available"] for k in ("tpu7x", "v5p", "cpu"))
+    assert rows["cpu"]["hbm_bytes"] is None
+    if importlib.util.find_spec("jax_plugins.xla_cuda12"):  # read from the plugin's target configs
+        assert rows["h100"]["hbm_bytes"] == 84_942_979_072 and rows["h200"]["hbm_bytes"] == 151_397_597_184
+        assert rows["h100"]["available"]
+    # Without libtpu the TPU rows are listed, and said not to compile here.
+    code = ("import sys; sys.modules['libtpu'] = None; from memprobe.cli import main; "
+            "sys.exit(main(['targets', '--format', 'json']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [x["available"] for x in json.loads(r.stdout) if x["platform"] == "tpu"] == [False] * 5
+
+    mine = tmp_path / "save-mlp.toml"
+    mine.write_text('description = "checkpoint, MLP hidden kept"\nloop = "checkpoint"\n'
+                    'policy = "names"\nsave = ["mlp_hidden"]\n')
+    s = memprobe("strategies", "--format", "json", "--strategy-file", str(mine))
+    assert s.returncode == 0 and not s.stderr, s.stderr
+    listed = {x["name"]: x for x in json.loads(s.stdout)}
+    assert {"unrolled", "checkpoint", "scan-checkpoint", "offload", "scan-periods"} <= set(listed)
+    assert listed["offload"]["offload"] == ["layer_input"] and listed["offload"]["source"] == "built-in"
+    assert listed["scan-checkpoint"]["trip_count_one"] is True
+    assert listed["save-mlp"] == {"name": "save-mlp", "description": "checkpoint, MLP hidden kept",
+                                 "source": str(mine), "loop": "checkpoint", "policy": "names",
+                                 "save": ["mlp_hidden"], "offload": [], "shared_kv_inside": False,
+                                 "prevent_cse": True, "trip_count_one": False, "checkpoint_period": False}
+
+
 def test_piped_tables_take_the_width_columns_asks_for():
     # Piped, a table is 160 columns wide (220 for the catalogue) so that rows stay whole,
     # unless $COLUMNS asks for a width, as it does for rich's own consoles.

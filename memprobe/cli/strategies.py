@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from typing import Annotated
 
+import typer
 from rich.console import Console
 from rich.markup import escape
 
 from memprobe.cli import _options as o
-from memprobe.render import terminal_width
+from memprobe.render import ListFormat, terminal_width
 from memprobe.render.columns import Column, fitted_table, narrowest
 from memprobe.strategy import Strategy, load_catalogue
 
 
-def list_strategies(strategy_file: o.StrategyFile = None, strategies_dir: o.StrategiesDir = None) -> int:
+def list_strategies(strategy_file: o.StrategyFile = None, strategies_dir: o.StrategiesDir = None,
+                    fmt: Annotated[ListFormat, typer.Option(
+                        "--format", help="table, or json: one object per strategy with every knob, for "
+                        "scripts.")] = ListFormat.TABLE) -> int:
     """List the built-in strategies (and your own files) with all their knobs."""
     catalogue = load_catalogue(strategy_file or (), strategies_dir or ())
+    if fmt is ListFormat.JSON:
+        print(json.dumps([{"name": s.name, "description": s.description, "source": s.source, **s.knobs()}
+                          for s in catalogue.values()], indent=2))
+        return 0
     # Piped or redirected: wide enough that every knob and description stays on its row.
     width = terminal_width(sys.stdout, piped=220)
     print_catalogue(list(catalogue.values()), Console(width=width, highlight=False))

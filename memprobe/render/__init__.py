@@ -46,6 +46,13 @@ class FitFormat(str, enum.Enum):
     JSON = "json"
 
 
+class ListFormat(str, enum.Enum):
+    """`memprobe targets` and `memprobe strategies`: a table to read, JSON for scripts."""
+
+    TABLE = "table"
+    JSON = "json"
+
+
 def terminal_width(file: IO[str], piped: int = 160) -> int:
     """The width to lay a table out in: $COLUMNS when it is set (as for rich's own consoles, and
     as for `less` or a CI log that asks for a width), else the terminal's, else ``piped``
