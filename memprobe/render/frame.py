@@ -65,8 +65,9 @@ def footnotes(group: list[Measurement], command: str | None = None) -> list[str]
                    "target config's device_memory_size; the GPU compiler does not refuse larger programs.")
         out.append("Attention: memprobe's plain-JAX blockwise attention (no cuDNN or Pallas kernel).")
     elif m0.capacity_bytes:
-        out.append(f"HBM per device: {m0.capacity_bytes / GIB:.2f} GiB ({m0.capacity_bytes:,} bytes), "
-                   "as the compiler enforces it.")
+        # The TPU compiler states its limit in GiB to two decimals; the bytes are that figure's.
+        out.append(f"HBM per device: {m0.capacity_bytes / GIB:.2f} GiB, as the compiler enforces it and "
+                   f"states it (to 2 decimals; peaks are compared with {m0.capacity_bytes:,} bytes).")
     if any(m.ok and m.host_bytes for m in group) or m0.host_ram_bytes is not None:
         out.append(host_note(m0))
     if not m0.stands_for_accelerator:
