@@ -306,6 +306,27 @@ def test_help_gives_a_flag_no_value():
     assert re.search(r"--seq +<int> +Sequence length", r.stdout), r.stdout
 
 
+def test_a_long_compile_says_it_is_still_compiling_in_a_log(tmp_path):
+    # A full-size compile is 20 minutes of silence in a CI log without these lines; every
+    # STILL_EVERY_S (5 minutes), set to 2 s here so that a tiny compile shows them.
+    code = ("import sys, memprobe.cli.compare as c; c.STILL_EVERY_S = 2.0; from memprobe.cli import main; "
+            "sys.exit(main(['compare', '--model', 'tiny-e2b', '--target', 'cpu', '--seq', sys.argv[1], "
+            "'--batch', '1', '--strategies', 'unrolled', '--format', 'json']))")
+    env = {**os.environ, "MEMPROBE_CACHE_DIR": str(tmp_path)}
+    for run, seq in (("first", "256"), ("second", "512")):
+        r = subprocess.run([sys.executable, "-c", code, seq], capture_output=True, text=True, timeout=600, env=env)
+        assert r.returncode == 0, r.stderr
+        lines = r.stderr.splitlines()
+        still = [i for i, line in enumerate(lines) if line.startswith("memprobe: unrolled: still compiling (")]
+        assert still, r.stderr
+        start = lines.index(next(line for line in lines if line.startswith("memprobe: unrolled: compiling")))
+        done = lines.index(next(line for line in lines if line.startswith("memprobe: unrolled: done after")))
+        assert start < still[0] and still[-1] < done, r.stderr
+        # The second also says what the nearest compile of the same work took here, the first.
+        assert all(("; took " in lines[i] and "here last time, at seq 256 x 1)" in lines[i]) == (run == "second")
+                   for i in still), r.stderr
+
+
 def test_user_strategy_file_runs_end_to_end(tmp_path):
     path = tmp_path / "save-mlp.toml"
     path.write_text('description = "checkpoint, MLP hidden kept"\nloop = "checkpoint"\n'

@@ -169,6 +169,7 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
         # What each compile took here before, so a run of many minutes says what to expect.
         hints = [_last_time_hint(last) for last in cache.last_times(jobs)] if cache is not None else [""] * len(jobs)
         started = {}
+        said: dict[int, float] = {}  # seconds into each compile of its last "still compiling" line
         finished = []  # measured in this run, so in the cache should the run be stopped
 
         def on_event(i: int, state: str, elapsed: float) -> None:
@@ -186,6 +187,13 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
                 return
             if state in ("compiling", "tracing"):  # tracing: a cached entry gets its matmul FLOPs
                 progress.update(tasks[i], state=shown)
+                # A log gets a line every five minutes, so that a full-size compile (20 min and
+                # more) is not a silence a CI runner takes for a hung job.
+                if not err.is_terminal and elapsed - said.get(i, 0.0) >= STILL_EVERY_S:
+                    said[i] = elapsed
+                    before = hints[i].strip()[1:-1]  # "took 19 min 40 s here last time, at ..."
+                    err.print(f"memprobe: {labels[i]}: still {state} ({minutes(elapsed)}"
+                              f"{'; ' + before if before else ''})", highlight=False)
             else:
                 if state == "done":
                     finished.append(labels[i])
@@ -202,6 +210,13 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
         except KeyboardInterrupt:
             _say_kept(finished, cache is not None)
             raise
+
+
+STILL_EVERY_S = 300.0
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min"
 
 
 def _last_time_hint(last: tuple[float, int, int] | None) -> str:

@@ -11,6 +11,7 @@ import typer
 from memprobe.api import explain_plan, run_explain
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, output_file, write_bytes
+from memprobe.cli import compare
 from memprobe.cli.compare import check_run_options
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.liveness import Explained
@@ -85,9 +86,9 @@ def _progress(where: str):
         elif state == "compiling" and name not in said:
             said[name] = 0.0
             err.print(f"memprobe: {name}: compiling with the compiler's buffer listing on ({where})")
-        elif state == "compiling" and seconds - said[name] >= 300:  # a line every five minutes
+        elif state == "compiling" and seconds - said[name] >= compare.STILL_EVERY_S:  # as compare's log
             said[name] = seconds
-            err.print(f"memprobe: {name}: still compiling ({seconds / 60:.0f} min)")
+            err.print(f"memprobe: {name}: still compiling ({compare.minutes(seconds)})")
         elif state in ("done", "failed"):
             err.print(f"memprobe: {name}: {state} after {seconds:.0f} s")
 
