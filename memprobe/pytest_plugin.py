@@ -67,11 +67,16 @@ def pytest_runtest_call(item):
         limit = parse_size(str(marker.args[0]), "memprobe_limit")
         m = measure(**marker.kwargs)
     except (MemprobeError, TypeError, ValueError) as e:
-        pytest.fail(f"memprobe_limit: {e}", pytrace=False)
+        reason = f"memprobe_limit: {e}"
+    else:
+        reason = None
+    if reason is not None:  # outside the except: no "during handling of the above exception" chain
+        pytest.fail(reason, pytrace=False)
     if not m.ok:
         pytest.fail(f"memprobe: {m.strategy} failed to compile: {m.error}", pytrace=False)
     if m.peak_bytes > limit:
         pytest.fail(f"memprobe: {m.model} {m.strategy} on {m.topology or m.target}: per-device peak "
                     f"{m.peak_bytes / GIB:.3f} GiB ({m.peak_bytes:,} bytes) exceeds the limit "
-                    f"{limit / GIB:.3f} GiB (compiler estimate)", pytrace=False)
+                    f"{marker.args[0]} ({limit:,} bytes) by {(m.peak_bytes - limit):,} bytes "
+                    "(compiler estimate)", pytrace=False)
     return result

@@ -1,4 +1,5 @@
-"""The pytest plugin, from a project's point of view: a limit too low fails, a generous one passes."""
+"""The pytest plugin, from a project's point of view: a limit too low fails, a generous one
+passes, a misspelt strategy fails with one line."""
 
 pytest_plugins = ["pytester"]
 
@@ -18,6 +19,11 @@ def test_generous():
     pass
 
 
+@pytest.mark.memprobe_limit("1GiB", **{**CONFIG, "strategy": "scan-chekpoint"})
+def test_misspelt():
+    pass
+
+
 def test_fixture(memprobe_measure):
     m = memprobe_measure(**CONFIG)
     assert m.ok and 1 * 2**20 < m.peak_bytes < 2**30
@@ -28,7 +34,12 @@ def test_limit_marker_fails_too_low_and_passes_generous(pytester):
     pytester.makepyfile(test_project=PROJECT_TESTS)
     # The plugin is found through its pytest11 entry point, as in any project that installs memprobe.
     r = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider", "-o", "addopts=")
-    r.assert_outcomes(passed=2, failed=1)
+    r.assert_outcomes(passed=2, failed=2)
+    # The limit as written and in bytes (it read "the limit 0.001 GiB" for 1MiB).
     r.stdout.fnmatch_lines(["*_ test_too_low _*",
                             "memprobe: tiny-e2b checkpoint on cpu: per-device peak * GiB (* bytes) exceeds "
-                            "the limit 0.001 GiB (compiler estimate)"])
+                            "the limit 1MiB (1,048,576 bytes) by * bytes (compiler estimate)"])
+    # Bad configuration: the one line, no chained traceback around it.
+    r.stdout.fnmatch_lines(["*_ test_misspelt _*",
+                            "memprobe_limit: unknown strategy 'scan-chekpoint' (did you mean 'scan-checkpoint'?*"])
+    assert "During handling of the above exception" not in r.stdout.str()
