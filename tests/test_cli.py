@@ -304,6 +304,9 @@ def test_help_gives_a_flag_no_value():
     r = memprobe("compare", "--help", env=wide)
     assert re.search(r"--no-cache +Compile every strategy again", r.stdout), r.stdout
     assert re.search(r"--seq +<int> +Sequence length", r.stdout), r.stdout
+    for option, takes in (("--model", "<name>"), ("--target", "<name>"), ("--topology", "<topology>"),
+                          ("--timeout", "<seconds>")):
+        assert re.search(f"{option} +{takes} ", r.stdout), (option, r.stdout)
 
 
 def test_a_long_compile_says_it_is_still_compiling_in_a_log(tmp_path):

@@ -12,12 +12,12 @@ from memprobe.render import Format
 
 Seq = Annotated[int, typer.Option("--seq", help="Sequence length (tokens per example).")]
 Batch = Annotated[int, typer.Option("--batch", help="Per-device batch (MaxText's per_device_batch_size).")]
-Model = Annotated[str, typer.Option("--model", help="Model preset: gemma4-e2b, gemma4-e4b, or tiny-e2b, tiny-e4b, small-deep for quick trials.")]
-Target = Annotated[str, typer.Option("--target", help="tpu7x, v6e, v5p, v5e, v4 (deviceless TPU; with its size "
+Model = Annotated[str, typer.Option("--model", metavar="<name>", help="Model preset: gemma4-e2b, gemma4-e4b, or tiny-e2b, tiny-e4b, small-deep for quick trials.")]
+Target = Annotated[str, typer.Option("--target", metavar="<name>", help="tpu7x, v6e, v5p, v5e, v4 (deviceless TPU; with its size "
                                      "as v5p:2x2x1 or as a Cloud TPU accelerator type, v5p-8), h100, h200, "
                                      "b200, a100 (deviceless GPU: the gpu extra) or cpu.")]
 Devices = Annotated[int | None, typer.Option("--devices", help="Device count (default: the target's).")]
-Topology = Annotated[str | None, typer.Option("--topology", help="TPU topology, e.g. v5p:2x2x1.")]
+Topology = Annotated[str | None, typer.Option("--topology", metavar="<topology>", help="TPU topology, e.g. v5p:2x2x1.")]
 Strategies = Annotated[
     str | None,
     typer.Option("--strategies", metavar="<names>", help="Comma-separated strategies, or 'all' for every built-in "
@@ -34,7 +34,7 @@ LossChunks = Annotated[
     typer.Option("--loss-chunks", help="Sequence chunks the loss is computed in (default: chunks of <= 512 tokens)."),
 ]
 StepKind = Annotated[Step, typer.Option("--step", help="train: forward, backward and AdamW update; grad: loss and gradients only.")]
-Timeout = Annotated[float, typer.Option("--timeout", help="Seconds one strategy's compile may take.")]
+Timeout = Annotated[float, typer.Option("--timeout", metavar="<seconds>", help="Seconds one strategy's compile may take.")]
 
 Jobs = Annotated[int | None, typer.Option(
     "--jobs", help="Strategies compiled at once, each in its own process (default: one per core, "

@@ -32,7 +32,7 @@ def _two_names(pair: tuple[str, str] | None) -> tuple[str, str] | None:
 
 
 def explain(
-    strategy: Annotated[str | None, typer.Option("--strategy", help="The strategy to explain.")] = None,
+    strategy: Annotated[str | None, typer.Option("--strategy", metavar="<name>", help="The strategy to explain.")] = None,
     diff_pair: Annotated[tuple[str, str] | None, typer.Option(
         "--diff", metavar="<A B>", callback=_two_names,
         help="Two strategies, A B: the buffers that account for the difference in peak.")] = None,
