@@ -64,7 +64,10 @@ def test_timed_out_compile_is_a_failed_row_and_exit_1():
 
 COMPARE_BAD = [
     (["--seq", "-5"], "--seq must be a positive integer, got -5"),
-    (["--seq", "abc"], "Invalid value for '--seq'"),
+    # Typer's own (pydantic's) words were "Input should be a valid integer, unable to parse ...".
+    (["--seq", "abc"], "Invalid value for '--seq': 'abc' is not an integer"),
+    (["--seq", "1.5"], "Invalid value for '--seq': '1.5' is not an integer"),
+    (["--timeout", "soon"], "Invalid value for '--timeout': 'soon' is not a number"),
     (["--format", "yaml"], "Invalid value for '--format': 'yaml' is not one of 'table', 'markdown', 'json'"),
     (["--batch", "0"], "--batch must be a positive integer, got 0"),
     (["--seq", "1000"], "--seq 1000 is not a multiple of the attention block (512)"),

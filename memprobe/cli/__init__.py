@@ -118,14 +118,33 @@ def main(argv: list[str] | None = None) -> int:
     except TyperException as e:  # usage errors: unknown option, a value of the wrong type
         if type(e).__name__ == "NoArgsIsHelpError":  # bare `memprobe`: the help, printed, is the answer
             return 0
-        # An enum option's message carries pydantic's "Value error, " prefix: noise to a user.
-        err.print(f"memprobe: error: {e.format_message().replace('Value error, ', '')}", markup=False)
+        err.print(f"memprobe: error: {_usage_message(e)}", markup=False)
         return e.exit_code
     except (Abort, KeyboardInterrupt):
         return _interrupted()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+_NOT_A = {"int_parsing": "an integer", "int_from_float": "a whole number", "float_parsing": "a number",
+          "bool_parsing": "true or false"}
+
+
+def _usage_message(e: TyperException) -> str:
+    """Typer's message, in a user's words: typer checks values with pydantic, whose text
+    ("Input should be a valid integer, unable to parse string as an integer") neither names
+    the value given nor reads as one line of a CLI; an enum option's carries "Value error, "."""
+    message = e.format_message().replace("Value error, ", "")
+    errors = getattr(e.__cause__, "errors", None)
+    try:
+        first = errors()[0] if callable(errors) else {}
+    except Exception:  # not pydantic's, or not as expected: its words as they are
+        return message
+    kind, value, said = _NOT_A.get(first.get("type")), first.get("input"), first.get("msg", "")
+    if kind and isinstance(value, str) and said and said in message:
+        return message.replace(said, f"{value!r} is not {kind}")
+    return message
 
 
 def _catch_signals() -> dict[int, object]:
