@@ -162,6 +162,30 @@ def summary(verdicts: list[Verdict], tolerance: Tolerance, max_peak: int | None)
             + ("" if not failed else "; failing: " + ", ".join(f"{v.base.strategy} ({v.status})" for v in failed)))
 
 
+CHECK_SCHEMA = "memprobe.check"
+
+
+def verdicts_json(verdicts: list[Verdict], tolerance: Tolerance, max_peak: int | None,
+                  baseline: Path | str, command: str | None = None) -> dict:
+    """The gate's answer for a script or an archive (`memprobe check --format json`): one
+    entry per strategy with exact bytes, the status the table shows, and the exit it means."""
+    def entry(v: Verdict) -> dict:
+        b, n = v.base, v.now
+        return {"model": b.model, "strategy": b.strategy, "target": b.target, "topology": b.topology,
+                "num_devices": b.num_devices, "seq_len": b.seq_len, "batch_per_device": b.batch_per_device,
+                "status": v.status, "passed": v.passed,
+                "baseline_peak_bytes": b.peak_bytes, "now_peak_bytes": n.peak_bytes if n.ok else None,
+                "delta_bytes": n.peak_bytes - b.peak_bytes if n.ok else None,
+                "allowed_growth_bytes": tolerance.allowed(b.peak_bytes),
+                "baseline_host_bytes": b.host_bytes, "now_host_bytes": n.host_bytes if n.ok else None,
+                "error": n.error}
+
+    return {"schema": CHECK_SCHEMA, "schema_version": 1, "baseline": str(baseline), "command": command,
+            "tolerance": str(tolerance), "max_peak_bytes": max_peak,
+            "passed": all(v.passed for v in verdicts), "summary": summary(verdicts, tolerance, max_peak),
+            "verdicts": [entry(v) for v in verdicts]}
+
+
 def check_versions(base: Result, where: Path) -> None:
     for m in base.measurements:
         mine = versions(m.platform)

@@ -53,6 +53,39 @@ def test_baseline_ten_percent_lower_fails_naming_the_strategy(baseline, tmp_path
     assert "regressed" in line and "+11.1" in line
 
 
+def test_the_verdicts_as_json_and_markdown_for_other_ci_systems(baseline, tmp_path):
+    def lower(data):
+        row = data["comparisons"][0]["rows"][1]  # checkpoint
+        row["temp_bytes"] -= row["peak_bytes"] // 10
+
+    edited = _edited(baseline, tmp_path, lower)
+    out = tmp_path / "verdicts.json"
+    r = memprobe("check", str(edited), "--format", "json", "-o", str(out))
+    assert r.returncode == 1, r.stderr  # the exit code is the gate's whatever the format
+    assert r.stdout == "" and f"memprobe: wrote {out}" in r.stderr
+    answer = json.loads(out.read_text())
+    assert answer["schema"] == "memprobe.check" and answer["passed"] is False
+    assert answer["summary"].endswith("failing: checkpoint (regressed)")
+    from memprobe.api import load
+
+    # The edited baseline's peaks as memprobe reads them (from their parts, temp lowered).
+    base_rows = {m.strategy: {"peak_bytes": m.peak_bytes} for m in load(edited).measurements}
+    now_rows = {row["strategy"]: row for row in json.loads(baseline.read_text())["comparisons"][0]["rows"]}
+    by_name = {v["strategy"]: v for v in answer["verdicts"]}
+    assert [by_name[n]["status"] for n in ("unrolled", "checkpoint")] == ["ok", "regressed"]
+    for name, v in by_name.items():  # exact bytes: the baseline's, and today's compile (the unedited figures)
+        assert v["baseline_peak_bytes"] == base_rows[name]["peak_bytes"]
+        assert v["now_peak_bytes"] == now_rows[name]["peak_bytes"]
+        assert v["delta_bytes"] == v["now_peak_bytes"] - v["baseline_peak_bytes"]
+        assert v["allowed_growth_bytes"] == int(v["baseline_peak_bytes"] * 0.02)
+    assert by_name["checkpoint"]["delta_bytes"] > by_name["checkpoint"]["allowed_growth_bytes"]
+
+    md = memprobe("check", str(baseline), "--format", "markdown")
+    assert md.returncode == 0, md.stderr
+    assert md.stdout.startswith("### memprobe check\n\n| configuration ")
+    assert "2 of 2 within tolerance 2%" in md.stdout and "┃" not in md.stdout
+
+
 def test_budget_and_absolute_tolerance(baseline):
     r = memprobe("check", "--baseline", str(baseline), "--max-peak", "40MiB", "--tolerance", "0.01GiB")
     # unrolled (about 60 MiB) is over the budget, checkpoint (about 35 MiB) under it.
@@ -97,6 +130,11 @@ def test_missing_baseline_and_bad_tolerance(tmp_path):
                                                       "memprobe check BASELINE (or --baseline BASELINE)")
     r = memprobe("check", "a.json", "--baseline", "b.json")
     assert r.returncode == 2 and "two baselines given, a.json and --baseline b.json; give one" in r.stderr
+    r = memprobe("check", "a.json", "--format", "json", "-o", "/nonexistent/v.json")
+    assert r.returncode == 2 and r.stderr.strip() == ("memprobe: error: --output /nonexistent/v.json: "
+                                                      "directory /nonexistent does not exist")
+    r = memprobe("check", "a.json", "--format", "yaml")
+    assert r.returncode == 2 and "Invalid value for '--format': 'yaml' is not one of" in r.stderr
 
 
 def test_host_bytes_that_grew_fail_the_gate_though_the_peak_held(tmp_path):

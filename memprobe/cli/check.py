@@ -9,6 +9,8 @@ malformed baseline, compiler versions that differ from the baseline's).
 
 from __future__ import annotations
 
+import enum
+import json
 import os
 import sys
 from pathlib import Path
@@ -19,15 +21,22 @@ from rich.console import Console
 from rich.markup import escape
 
 from memprobe.cli import _options as o
+from memprobe.cli._output import check_writable, command_line, output_file
 from memprobe.cli.compare import check_run_options, run_plan
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.errors import BadInput
-from memprobe.gate import limits, load_baseline, recheck, summary, verdict_frame
+from memprobe.gate import limits, load_baseline, recheck, summary, verdict_frame, verdicts_json
 from memprobe.render import terminal_width
 from memprobe.render.columns import Column, fitted_table
 
 if TYPE_CHECKING:
     import pandas as pd
+
+
+class CheckFormat(str, enum.Enum):
+    TABLE = "table"
+    MARKDOWN = "markdown"
+    JSON = "json"
 
 
 def check(
@@ -45,6 +54,10 @@ def check(
     jobs: o.Jobs = None,
     no_cache: o.NoCache = False,
     max_host_memory: o.MaxHostMemory = None,
+    fmt: Annotated[CheckFormat, typer.Option(
+        "--format", help="table (terminal), markdown (a pull-request comment) or json (exact bytes per "
+        "strategy, for scripts).")] = CheckFormat.TABLE,
+    output: o.Output = None,
 ) -> int:
     """Recompile a baseline's configurations and fail when a peak (or an offload strategy's host
     bytes) regressed, or a peak exceeds a budget.
@@ -56,11 +69,18 @@ def check(
     baseline = _one_baseline(baseline_file, baseline)
     tol, budget = limits(tolerance, max_peak)
     cap = check_run_options(timeout, jobs, max_host_memory)
+    check_writable(output)
     base = load_baseline(baseline, allow_version_drift)
     verdicts = recheck(base, baseline, tol, budget, lambda plan: run_plan(plan, timeout, jobs, no_cache, cap))
     frame = verdict_frame(verdicts)
     line = summary(verdicts, tol, budget)
-    _print(frame, line)
+    with output_file(output) as f:
+        if fmt is CheckFormat.JSON:
+            f.write(json.dumps(verdicts_json(verdicts, tol, budget, baseline, command_line()), indent=2) + "\n")
+        elif fmt is CheckFormat.MARKDOWN:
+            f.write(_markdown(frame, line))
+        else:
+            _print(frame, line, f)
     _write_step_summary(frame, line)
     return 0 if all(v.passed for v in verdicts) else 1
 
@@ -79,7 +99,7 @@ _DROP = {"delta GiB": 1, "baseline GiB": 2, "host baseline bytes": 3, "now bytes
          "configuration": 6}
 
 
-def _print(frame: pd.DataFrame, summary: str) -> None:
+def _print(frame: pd.DataFrame, summary: str, file=None) -> None:
     columns = [Column(col, justify="left" if col in ("configuration", "strategy", "status") else "right",
                       wrap=col in ("configuration", "status"), drop=_DROP.get(col)) for col in frame.columns]
     cells = []
@@ -88,11 +108,16 @@ def _print(frame: pd.DataFrame, summary: str) -> None:
         status = str(row[-1])
         row_cells[-1] = row_cells[-1] if status in ("ok", "improved") else f"[bold red]{row_cells[-1]}[/]"
         cells.append(row_cells)
-    width = terminal_width(sys.stdout)
-    console = Console(width=width)
+    width = terminal_width(file or sys.stdout)
+    console = Console(file=file, width=width)
     console.print(fitted_table("memprobe check: per-device peak vs baseline (compiler estimate)", columns, cells,
                                [], width, full=None))
     console.print(summary, markup=False, highlight=False)
+
+
+def _markdown(frame: pd.DataFrame, summary: str) -> str:
+    return ("### memprobe check\n\n" + frame.to_markdown(index=False, disable_numparse=True)
+            + f"\n\n{summary}\n\n")
 
 
 def _write_step_summary(frame: pd.DataFrame, summary: str) -> None:
@@ -101,7 +126,6 @@ def _write_step_summary(frame: pd.DataFrame, summary: str) -> None:
         return
     try:
         with open(path, "a") as f:
-            f.write("### memprobe check\n\n" + frame.to_markdown(index=False, disable_numparse=True)
-                    + f"\n\n{summary}\n\n")
+            f.write(_markdown(frame, summary))
     except OSError as e:
         raise BadInput(f"GITHUB_STEP_SUMMARY {path}: cannot write ({e.strerror})") from None
