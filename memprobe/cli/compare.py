@@ -173,7 +173,7 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
         finished = []  # measured in this run, so in the cache should the run be stopped
 
         def on_event(i: int, state: str, elapsed: float) -> None:
-            shown = state + hints[i] if state == "compiling" else state
+            shown = f"{state} ({hints[i]})" if state == "compiling" and hints[i] else state
             if i not in started and state != "cached":
                 started[i] = time.monotonic()
                 progress.start_task(tasks[i])
@@ -191,9 +191,8 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
                 # more) is not a silence a CI runner takes for a hung job.
                 if not err.is_terminal and elapsed - said.get(i, 0.0) >= STILL_EVERY_S:
                     said[i] = elapsed
-                    before = hints[i].strip()[1:-1]  # "took 19 min 40 s here last time, at ..."
                     err.print(f"memprobe: {labels[i]}: still {state} ({minutes(elapsed)}"
-                              f"{'; ' + before if before else ''})", highlight=False)
+                              f"{'; ' + hints[i] if hints[i] else ''})", highlight=False)
             else:
                 if state == "done":
                     finished.append(labels[i])
@@ -220,13 +219,13 @@ def minutes(seconds: float) -> str:
 
 
 def _last_time_hint(last: tuple[float, int, int] | None) -> str:
-    """' (took 19 min 40 s here last time, at seq 24576 x 8)', or '' when it never ran here."""
+    """'took 19 min 40 s here last time, at seq 24576 x 8', or '' when it never ran here."""
     if last is None:
         return ""
     seconds, seq, batch = last
     whole = round(seconds)
     took = f"{whole} s" if whole < 60 else f"{whole // 60} min {whole % 60} s"
-    return f" (took {took} here last time, at seq {seq} x {batch})"
+    return f"took {took} here last time, at seq {seq} x {batch}"
 
 
 def _say_kept(finished: list[str], cached: bool) -> None:
