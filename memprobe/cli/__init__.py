@@ -66,9 +66,10 @@ def _print_version(value: bool) -> None:
         return
     from memprobe.compile import GPU_PACKAGES, package_versions
 
-    found = package_versions(("memprobe", "jax", "jaxlib", "libtpu", *GPU_PACKAGES, "flax", "optax"))
-    print(f"memprobe {found.pop('memprobe', 'unknown')}")
-    for pkg in ("jax", "jaxlib", "libtpu", *GPU_PACKAGES, "flax", "optax"):
+    compilers = ("jax", "jaxlib", "libtpu", *GPU_PACKAGES, "flax", "optax")
+    found = package_versions(("memprobe", *compilers))
+    print(f"memprobe {found.get('memprobe', 'unknown')}")
+    for pkg in compilers:
         note = {"libtpu": "TPU targets", GPU_PACKAGES[0]: "GPU targets: the gpu extra"}.get(pkg)
         print(f"  {pkg} {found.get(pkg, 'not installed')}" + (f" ({note})" if note and pkg not in found else ""))
     raise Exit(0)
