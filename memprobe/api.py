@@ -20,7 +20,7 @@ from memprobe.errors import BadInput, unknown
 from memprobe.gate import Tolerance, Verdict, limits, load_baseline, recheck
 from memprobe.liveness import EXPLAIN_SCHEMA, Explained, Explanation
 from memprobe.measure import Measurement
-from memprobe.plan import DEFAULT_MODEL, CompileJob, Plan, Step, make_plan
+from memprobe.plan import DEFAULT_MODEL, CompileJob, Optimizer, ParamDtype, Plan, Step, make_plan
 from memprobe.render import DEFAULT_TOP
 from memprobe.result import Result, read_json
 from memprobe.search import AXES, FitResult, RoundRunner, fit_plan, search_axis
@@ -40,7 +40,9 @@ def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: st
                  devices: int | None = None, topology: str | None = None,
                  strategies: Sequence[str | Strategy] | str | None = None,
                  strategy_files: Iterable[Path] = (), strategies_dirs: Iterable[Path] = (),
-                 loss_chunks: int | None = None, step: Step | str = Step.TRAIN) -> tuple[Plan, list[str]]:
+                 loss_chunks: int | None = None, step: Step | str = Step.TRAIN,
+                 optimizer: Optimizer | str | None = None,
+                 param_dtype: ParamDtype | str = ParamDtype.FP32) -> tuple[Plan, list[str]]:
     """The checked plan, and the offload strategies left out because the target has no host
     memory to offload to: only of the default set (the four families and ``strategy_files``)
     or "all"; a named offload strategy on such a target is refused. A name given twice is
@@ -65,12 +67,8 @@ def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: st
     require_backend(where)
     skipped = [s.name for s in chosen if s.offload and not where.has_host_memory] if implicit else []
     chosen = [s for s in chosen if s.name not in skipped]
-    try:
-        step = Step(step)
-    except ValueError:
-        raise BadInput(f"step: {step!r} is not one of {', '.join(s.value for s in Step)}") from None
     plan = make_plan(model=model, strategies=chosen, target=where, seq_len=seq, batch_per_device=batch,
-                     loss_chunks=loss_chunks, step=step)
+                     loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype)
     if (topology is not None or ":" in target) and where.platform == "tpu":  # --devices shapes are libtpu's own
         check_devices(plan.jobs()[0])
     return plan, skipped
@@ -100,7 +98,9 @@ def compare(*, seq: int = 24576, batch: int = 8, model: str = DEFAULT_MODEL, tar
             devices: int | None = None, topology: str | None = None,
             strategies: Sequence[str | Strategy] | str | None = None,
             strategy_files: Iterable[Path] = (), strategies_dirs: Iterable[Path] = (),
-            loss_chunks: int | None = None, step: Step | str = Step.TRAIN, jobs: int | None = None,
+            loss_chunks: int | None = None, step: Step | str = Step.TRAIN,
+            optimizer: Optimizer | str | None = None, param_dtype: ParamDtype | str = ParamDtype.FP32,
+            jobs: int | None = None,
             timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True, max_host_bytes: int | None = None,
             on_event: OnEvent | None = None) -> Result:
     """`memprobe compare` as a call: the train step of ``model`` compiled for ``target`` under
@@ -111,7 +111,8 @@ def compare(*, seq: int = 24576, batch: int = 8, model: str = DEFAULT_MODEL, tar
     its row marked failed (default 90% of this machine's memory)."""
     plan, _ = resolve_plan(seq=seq, batch=batch, model=model, target=target, devices=devices,
                            topology=topology, strategies=strategies, strategy_files=strategy_files,
-                           strategies_dirs=strategies_dirs, loss_chunks=loss_chunks, step=step)
+                           strategies_dirs=strategies_dirs, loss_chunks=loss_chunks, step=step,
+                           optimizer=optimizer, param_dtype=param_dtype)
     return run(plan, jobs=jobs, timeout_s=timeout_s, cache=cache, max_host_bytes=max_host_bytes,
                on_event=on_event)
 
@@ -134,6 +135,7 @@ def fit(*, vary: str = "batch", seq: int | None = None, batch: int | None = None
         target: str = DEFAULT_TARGET, devices: int | None = None, topology: str | None = None,
         strategies: Sequence[str | Strategy] | str | None = None, strategy_files: Iterable[Path] = (),
         strategies_dirs: Iterable[Path] = (), loss_chunks: int | None = None, step: Step | str = Step.TRAIN,
+        optimizer: Optimizer | str | None = None, param_dtype: ParamDtype | str = ParamDtype.FP32,
         budget: str | int | None = None, max_batch: int | None = None, max_seq: int | None = None,
         host_ram: str | int | None = None, devices_per_host: int | None = None, jobs: int | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True, max_host_bytes: int | None = None,
@@ -149,7 +151,8 @@ def fit(*, vary: str = "batch", seq: int | None = None, batch: int | None = None
     axis, unit, max_n, seq, batch = search_axis(vary, seq, batch, max_batch, max_seq, loss_chunks)
     plan, _ = resolve_plan(seq=seq, batch=batch, model=model, target=target, devices=devices,
                            topology=topology, strategies=strategies, strategy_files=strategy_files,
-                           strategies_dirs=strategies_dirs, loss_chunks=loss_chunks, step=step)
+                           strategies_dirs=strategies_dirs, loss_chunks=loss_chunks, step=step,
+                           optimizer=optimizer, param_dtype=param_dtype)
     check_run(jobs, timeout_s)
     if runner is None:
         def runner(wanted: list[CompileJob], labels: list[str], what: str) -> list[Measurement]:
@@ -163,6 +166,7 @@ def explain(strategy: str | Strategy | None = None, *, diff: Sequence[str | Stra
             seq: int = 24576, batch: int = 8, model: str = DEFAULT_MODEL, target: str = DEFAULT_TARGET,
             devices: int | None = None, topology: str | None = None, strategy_files: Iterable[Path] = (),
             strategies_dirs: Iterable[Path] = (), loss_chunks: int | None = None, step: Step | str = Step.TRAIN,
+            optimizer: Optimizer | str | None = None, param_dtype: ParamDtype | str = ParamDtype.FP32,
             timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True, max_host_bytes: int | None = None,
             on_event: OnEvent | None = None) -> Explained:
     """`memprobe explain` as a call: one ``strategy`` (or the two of ``diff``) compiled with the
@@ -173,7 +177,7 @@ def explain(strategy: str | Strategy | None = None, *, diff: Sequence[str | Stra
     memory allows two compiles; answers are kept in the results cache."""
     plan = explain_plan(strategy, diff, seq=seq, batch=batch, model=model, target=target, devices=devices,
                         topology=topology, strategy_files=strategy_files, strategies_dirs=strategies_dirs,
-                        loss_chunks=loss_chunks, step=step)
+                        loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype)
     return run_explain(plan, timeout_s=timeout_s, cache=cache, max_host_bytes=max_host_bytes, on_event=on_event)
 
 

@@ -1,7 +1,9 @@
 """Joins model and strategy into an abstract, sharded train step ready to lower.
 
 Nothing is allocated: parameters, optimizer state and the batch are ``ShapeDtypeStruct``s.
-Parameters and AdamW moments are sharded FSDP-style over every device of the target
+Parameters are stored in the job's dtype (fp32 or bf16; the model casts them to bf16 where
+it computes) and the optimizer's state follows them. Both are sharded FSDP-style over every
+device of the target
 (each array along its largest dimension that the device count divides); the batch is
 split over the devices; activations are kept batch-sharded at every layer boundary.
 """
@@ -21,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from memprobe.errors import BadInput
 from memprobe.model import ModelConfig, Transformer
-from memprobe.plan import CompileJob, Step
+from memprobe.plan import CompileJob, Optimizer, ParamDtype, Step
 from memprobe.targets import Target
 
 AXIS = "fsdp"
@@ -93,23 +95,36 @@ def parameter_count(cfg: ModelConfig, stacked: bool = False) -> int:
     return sum(math.prod(x.shape) for x in jax.tree.leaves(params))
 
 
-def _with_sharding(tree, mesh: Mesh):
+def _with_sharding(tree, mesh: Mesh, dtype=None):
+    """``tree`` sharded over ``mesh``; its floating arrays in ``dtype`` where one is given."""
     def one(x):
         sharding = NamedSharding(mesh, fsdp_spec(x.shape, mesh.size))
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+        cast = dtype is not None and jnp.issubdtype(x.dtype, jnp.floating)
+        return jax.ShapeDtypeStruct(x.shape, dtype if cast else x.dtype, sharding=sharding)
 
     return jax.tree.map(one, tree)
 
 
-def make_optimizer() -> optax.GradientTransformation:
-    return optax.adamw(learning_rate=1e-4, b1=0.9, b2=0.95, weight_decay=0.1)
+PARAM_DTYPES = {ParamDtype.FP32: jnp.float32, ParamDtype.BF16: jnp.bfloat16}
+
+
+def make_optimizer(kind: Optimizer = Optimizer.ADAMW) -> optax.GradientTransformation:
+    """The update of a train step. The hyperparameters change no buffer's size; the state
+    each keeps does (moments in the parameters' dtype, as optax makes them by default)."""
+    if kind is Optimizer.ADAMW:
+        return optax.adamw(learning_rate=1e-4, b1=0.9, b2=0.95, weight_decay=0.1)
+    if kind is Optimizer.ADAFACTOR:
+        return optax.adafactor(learning_rate=1e-4)
+    if kind is Optimizer.LION:
+        return optax.lion(learning_rate=1e-5, b1=0.9, b2=0.99, weight_decay=0.1)
+    return optax.sgd(learning_rate=1e-2)
 
 
 def build_step(job: CompileJob, devices: list) -> AbstractStep:
     cfg, shapes = job.model, job.shapes
     mesh = Mesh(np.asarray(devices), (AXIS,))
     graphdef, params = abstract_params(cfg, stacked=job.strategy.stacks_layers)
-    params = _with_sharding(params, mesh)
+    params = _with_sharding(params, mesh, PARAM_DTYPES[job.param_dtype])
     runner = job.strategy.layer_runner()
     act = NamedSharding(mesh, P(AXIS))
     batch_sharding = NamedSharding(mesh, P(AXIS, None))
@@ -134,7 +149,7 @@ def build_step(job: CompileJob, devices: list) -> AbstractStep:
         fn = jax.jit(grad_step, out_shardings=(replicated, p_shardings))
         return AbstractStep(fn, (params, batch, batch), count)
 
-    optimizer = make_optimizer()
+    optimizer = make_optimizer(job.optimizer)
     opt_state = _with_sharding(jax.eval_shape(optimizer.init, params), mesh)
     o_shardings = jax.tree.map(lambda x: x.sharding, opt_state)
 

@@ -91,6 +91,7 @@ def key_fields(job: CompileJob, env: dict[str, str]) -> dict[str, Any]:
         "target": dataclasses.asdict(job.target),
         "shapes": dataclasses.asdict(job.shapes),
         "step": job.step.value,
+        **_training(job),
         "versions": _versions(job.target.platform),
         "flags": {k: env.get(k, "") for k in ("LIBTPU_INIT_ARGS", "XLA_FLAGS")},
     }
@@ -99,7 +100,19 @@ def key_fields(job: CompileJob, env: dict[str, str]) -> dict[str, Any]:
 def _work(job: CompileJob) -> str:
     """What a compile's duration depends on, apart from the shapes."""
     return _digest({"model": job.model.name, "strategy": job.strategy.as_compiled().knobs(),
-                    "target": dataclasses.asdict(job.target), "step": job.step.value})
+                    "target": dataclasses.asdict(job.target), "step": job.step.value,
+                    **_training(job)})
+
+
+def _training(job: CompileJob) -> dict[str, str]:
+    """The optimizer and parameter dtype where they are not the default (AdamW, fp32), so
+    that compile-time records of default steps made before these knobs existed still match."""
+    out = {}
+    if job.optimizer is not None and job.optimizer.value != "adamw":  # None: a grad step
+        out["optimizer"] = job.optimizer.value
+    if job.param_dtype.value != "fp32":
+        out["param_dtype"] = job.param_dtype.value
+    return out
 
 
 def _digest(obj: Any) -> str:

@@ -99,6 +99,8 @@ def _base_record(job: CompileJob, **fields) -> Measurement:
         batch_per_device=job.shapes.batch_per_device,
         loss_chunks=job.shapes.loss_chunks,
         step=job.step.value,
+        optimizer=job.optimizer.value if job.optimizer else None,
+        param_dtype=job.param_dtype.value,
         capacity_bytes=t.hbm_bytes,
         versions=versions(t.platform),
         **fields,

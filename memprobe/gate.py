@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from memprobe.compile import GPU_PACKAGES, versions
 from memprobe.errors import BadInput
 from memprobe.measure import GIB, Measurement, parse_size
-from memprobe.plan import Plan, Step, make_plan
+from memprobe.plan import Plan, make_plan
 from memprobe.result import Result
 from memprobe.strategy import strategy_from_mapping
 from memprobe.targets import require_backend, resolve_target
@@ -127,15 +127,15 @@ def baseline_plans(base: Result, where: Path) -> list[tuple[list[Measurement], P
         m0 = group[0]
         strategies = [strategy_from_mapping(m.strategy, {"description": "from the baseline", **m.strategy_knobs},
                                             f"{where}: {m.strategy}") for m in group]
-        try:
-            step = Step(m0.step)
-        except ValueError:
-            raise BadInput(f"{where}: step {m0.step!r} is not one of train, grad") from None
         target = resolve_target(m0.target, m0.num_devices, m0.topology if m0.platform != "cpu" else None)
         require_backend(target)
-        plans.append((group, make_plan(model=m0.model, strategies=strategies, target=target, seq_len=m0.seq_len,
-                                       batch_per_device=m0.batch_per_device, loss_chunks=m0.loss_chunks,
-                                       step=step)))
+        try:
+            plan = make_plan(model=m0.model, strategies=strategies, target=target, seq_len=m0.seq_len,
+                             batch_per_device=m0.batch_per_device, loss_chunks=m0.loss_chunks,
+                             step=m0.step, optimizer=m0.optimizer, param_dtype=m0.param_dtype)
+        except BadInput as e:
+            raise BadInput(f"{where}: {e}") from None
+        plans.append((group, plan))
     return plans
 
 

@@ -38,6 +38,8 @@ class Measurement:
     batch_per_device: int
     loss_chunks: int
     step: str
+    optimizer: str | None = "adamw"  # None for a grad step, which compiles no update
+    param_dtype: str = "fp32"
     status: str = "ok"  # "ok" or "failed"
     error: str | None = None
     argument_bytes: int = 0

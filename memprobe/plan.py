@@ -18,6 +18,33 @@ class Step(str, enum.Enum):
     GRAD = "grad"  # loss and gradients only
 
 
+class Optimizer(str, enum.Enum):
+    """The update a train step compiles; what it keeps per parameter decides its state's size."""
+
+    ADAMW = "adamw"  # two moments, each the parameters' shape and dtype
+    ADAFACTOR = "adafactor"  # factored second moment (a row and a column per matrix), no first
+    LION = "lion"  # one moment, the parameters' shape and dtype
+    SGD = "sgd"  # plain SGD, no momentum: no state at all
+
+    @property
+    def label(self) -> str:
+        return {"adamw": "AdamW", "adafactor": "Adafactor", "lion": "Lion", "sgd": "SGD"}[self.value]
+
+
+class ParamDtype(str, enum.Enum):
+    """How the parameters are stored; the optimizer's moments follow them (optax's default)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+def recipe(step: str, optimizer: str | None, param_dtype: str) -> str:
+    """The parameters' dtype and the update, as reports name them: "fp32 parameters, AdamW"
+    (a grad step has no update to name)."""
+    update = f", {Optimizer(optimizer).label}" if step == Step.TRAIN.value and optimizer else ""
+    return f"{param_dtype} parameters{update}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Shapes:
     """Per-step shapes. ``batch_per_device`` is MaxText's per_device_batch_size."""
@@ -53,6 +80,8 @@ class CompileJob:
     target: Target
     shapes: Shapes
     step: Step
+    optimizer: Optimizer | None = Optimizer.ADAMW  # None for a grad step: no update is compiled
+    param_dtype: ParamDtype = ParamDtype.FP32
 
     @property
     def global_batch(self) -> int:
@@ -66,12 +95,27 @@ class Plan:
     target: Target
     shapes: Shapes
     step: Step
+    optimizer: Optimizer | None = Optimizer.ADAMW
+    param_dtype: ParamDtype = ParamDtype.FP32
+
+    def job(self, strategy: Strategy, shapes: Shapes | None = None) -> CompileJob:
+        """The compile of one strategy of this plan (at other shapes, for a search)."""
+        return CompileJob(self.model, strategy, self.target, shapes or self.shapes, self.step,
+                          self.optimizer, self.param_dtype)
 
     def jobs(self) -> list[CompileJob]:
-        return [CompileJob(self.model, s, self.target, self.shapes, self.step) for s in self.strategies]
+        return [self.job(s) for s in self.strategies]
 
     def jobs_by_strategy(self) -> dict[str, CompileJob]:
         return {job.strategy.name: job for job in self.jobs()}
+
+
+def choice(kind: type[enum.Enum], value, name: str):
+    """``value`` as a member of ``kind``; anything else refused in one line naming ``name``."""
+    try:
+        return kind(value)
+    except ValueError:
+        raise BadInput(f"{name}: {value!r} is not one of {', '.join(k.value for k in kind)}") from None
 
 
 def resolve_model(name: str) -> ModelConfig:
@@ -81,8 +125,18 @@ def resolve_model(name: str) -> ModelConfig:
 
 
 def make_plan(*, model: str, strategies: list[Strategy], target: Target, seq_len: int,
-              batch_per_device: int, loss_chunks: int | None = None, step: Step = Step.TRAIN) -> Plan:
+              batch_per_device: int, loss_chunks: int | None = None, step: Step = Step.TRAIN,
+              optimizer: Optimizer | None = None, param_dtype: ParamDtype = ParamDtype.FP32) -> Plan:
+    """``optimizer`` None is AdamW for a train step; a grad step compiles no update, so
+    naming one for it is refused rather than silently ignored."""
     cfg = resolve_model(model)
+    step, param_dtype = choice(Step, step, "step"), choice(ParamDtype, param_dtype, "param_dtype")
+    if step is Step.GRAD:
+        if optimizer is not None:
+            raise BadInput(f"--optimizer {choice(Optimizer, optimizer, 'optimizer').value}: a grad "
+                           "step compiles no optimizer update (use --step train)")
+    else:
+        optimizer = choice(Optimizer, optimizer or Optimizer.ADAMW, "optimizer")
     if not strategies:
         raise BadInput("--strategies: choose at least one strategy")
     for s in strategies:
@@ -92,4 +146,4 @@ def make_plan(*, model: str, strategies: list[Strategy], target: Target, seq_len
     if isinstance(seq_len, int) and seq_len >= 1 and loss_chunks is None:
         loss_chunks = default_loss_chunks(seq_len)
     shapes = Shapes(seq_len=seq_len, batch_per_device=batch_per_device, loss_chunks=loss_chunks)
-    return Plan(cfg, tuple(strategies), target, shapes, step)
+    return Plan(cfg, tuple(strategies), target, shapes, step, optimizer, param_dtype)

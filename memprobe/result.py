@@ -27,11 +27,12 @@ from typing import Any
 from memprobe.errors import BadInput
 from memprobe.flags import sanity_flags
 from memprobe.measure import Measurement, flops_ratio
+from memprobe.plan import Optimizer, ParamDtype, Step
 
 SCHEMA = "memprobe.result"
 SCHEMA_VERSION = 1
 CONFIG_FIELDS = ("model", "target", "platform", "num_devices", "topology", "seq_len",
-                 "batch_per_device", "loss_chunks", "step")
+                 "batch_per_device", "loss_chunks", "step", "optimizer", "param_dtype")
 
 
 def config_of(m: Measurement) -> dict[str, Any]:
@@ -175,6 +176,17 @@ def measurement_from_json(row: Any, at: str) -> Measurement:
     for field in ("num_devices", "seq_len", "batch_per_device", "loss_chunks"):
         if isinstance(row[field], bool) or not isinstance(row[field], int):
             raise BadInput(f"{at}: {field}: expected an integer, got {row[field]!r}")
+    if row["step"] not in {s.value for s in Step}:
+        raise BadInput(f"{at}: step: {row['step']!r} is not one of {', '.join(s.value for s in Step)}")
+    row = {"param_dtype": ParamDtype.FP32.value,  # saved before these knobs existed: AdamW, fp32
+           "optimizer": Optimizer.ADAMW.value if row["step"] == Step.TRAIN.value else None, **row}
+    for field, kind in (("optimizer", Optimizer), ("param_dtype", ParamDtype)):
+        known = [k.value for k in kind]
+        if field == "optimizer" and row["step"] != Step.TRAIN.value:
+            if row[field] is not None:
+                raise BadInput(f"{at}: optimizer: a {row['step']} step has none, got {row[field]!r}")
+        elif row[field] not in known:
+            raise BadInput(f"{at}: {field}: {row[field]!r} is not one of {', '.join(known)}")
     for field in ("strategy_knobs", "versions"):
         if not isinstance(row.get(field, {}), dict):
             raise BadInput(f"{at}: {field}: expected an object")

@@ -305,7 +305,7 @@ def fit_plan(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, 
     def measure(pairs: list[tuple[str, int]]) -> list[Measurement]:
         nonlocal rounds
         rounds += 1
-        wanted = [CompileJob(plan.model, by_name[name], plan.target, shapes(n), plan.step) for name, n in pairs]
+        wanted = [plan.job(by_name[name], shapes(n)) for name, n in pairs]
         sizes = "batch sizes" if axis == "batch" else "sequence lengths"
         what = (f"{len(pairs)} {sizes} for {plan.model.name} on {plan.target.label} "
                 f"(round {rounds}, budget {limit / GIB:.2f} GiB)")

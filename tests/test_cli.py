@@ -104,6 +104,9 @@ COMPARE_BAD = [
     (["--target", "v5p:2x2x1x1"], "--target: 'v5p:2x2x1x1' is not a v5p topology like v5p:2x2x1"),
     (["--target", "cpu", "--host-ram", "1TiB"], "--host-ram: target cpu has no host memory space to check"),
     (["--host-ram", "1TiB", "--devices-per-host", "16"], "--devices-per-host 16 is more than the 8 devices of tpu7x:2x2x1"),
+    (["--optimizer", "adam"], "Invalid value for '--optimizer': 'adam' is not one of 'adamw', 'adafactor', 'lion', 'sgd'"),
+    (["--param-dtype", "fp16"], "Invalid value for '--param-dtype': 'fp16' is not one of 'fp32', 'bf16'"),
+    (["--step", "grad", "--optimizer", "lion"], "--optimizer lion: a grad step compiles no optimizer update (use --step train)"),
 ]
 E4B = "reports/gemma4-e4b-seq24576-b8-tpu7x-8.json"
 EXPLAINED = "reports/gemma4-e4b-seq24576-b8-tpu7x-8-explain-offload-mlp.json"

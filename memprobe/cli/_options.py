@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from memprobe.plan import Step
+from memprobe.plan import Optimizer, ParamDtype, Step
 from memprobe.render import Format
 
 Seq = Annotated[int, typer.Option("--seq", help="Sequence length (tokens per example).")]
@@ -33,7 +33,13 @@ LossChunks = Annotated[
     int | None,
     typer.Option("--loss-chunks", help="Sequence chunks the loss is computed in (default: chunks of <= 512 tokens)."),
 ]
-StepKind = Annotated[Step, typer.Option("--step", help="train: forward, backward and AdamW update; grad: loss and gradients only.")]
+StepKind = Annotated[Step, typer.Option("--step", help="train: forward, backward and the optimizer update; grad: loss and gradients only.")]
+OptimizerKind = Annotated[Optimizer | None, typer.Option(
+    "--optimizer", help="The train step's update: adamw (default; two moments per parameter), adafactor "
+    "(a factored second moment), lion (one moment), sgd (no momentum, no state).")]
+ParamDtypeKind = Annotated[ParamDtype, typer.Option(
+    "--param-dtype", help="How the parameters are stored: fp32, or bf16 (the optimizer's moments follow "
+    "them). Activations are bf16 either way.")]
 Timeout = Annotated[float, typer.Option("--timeout", metavar="<seconds>", help="Seconds one strategy's compile may take.")]
 
 Jobs = Annotated[int | None, typer.Option(

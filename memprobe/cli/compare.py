@@ -15,7 +15,7 @@ from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, write_result
 from memprobe.compile import DEFAULT_TIMEOUT_S, check_run, compile_jobs, default_host_cap, default_parallel
 from memprobe.measure import Measurement, host_ram_check, parse_positive_size, with_host_ram
-from memprobe.plan import DEFAULT_MODEL, CompileJob, Plan, Step
+from memprobe.plan import DEFAULT_MODEL, CompileJob, ParamDtype, Plan, Step
 from memprobe.render import Format
 from memprobe.result import Result
 from memprobe.targets import DEFAULT_TARGET
@@ -33,6 +33,8 @@ def compare(
     strategies_dir: o.StrategiesDir = None,
     loss_chunks: o.LossChunks = None,
     step: o.StepKind = Step.TRAIN,
+    optimizer: o.OptimizerKind = None,
+    param_dtype: o.ParamDtypeKind = ParamDtype.FP32,
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
     jobs: o.Jobs = None,
     no_cache: o.NoCache = False,
@@ -49,7 +51,7 @@ def compare(
     Exit code 1 when any strategy failed to compile (the table still shows the others).
     """
     plan, skipped = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
-                                      strategies_dir, loss_chunks, step)
+                                      strategies_dir, loss_chunks, step, optimizer, param_dtype)
     cap = check_run_options(timeout, jobs, max_host_memory)
     ram = host_ram_check(plan.target, host_ram, devices_per_host)
     check_writable(output)
@@ -75,6 +77,8 @@ def baseline(
     strategies_dir: o.StrategiesDir = None,
     loss_chunks: o.LossChunks = None,
     step: o.StepKind = Step.TRAIN,
+    optimizer: o.OptimizerKind = None,
+    param_dtype: o.ParamDtypeKind = ParamDtype.FP32,
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
     jobs: o.Jobs = None,
     no_cache: o.NoCache = False,
@@ -85,7 +89,7 @@ def baseline(
     Nothing is written when a strategy fails to compile (exit code 1): a baseline must be whole.
     """
     plan, skipped = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
-                                      strategies_dir, loss_chunks, step)
+                                      strategies_dir, loss_chunks, step, optimizer, param_dtype)
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
     say_skipped(plan, skipped)
@@ -100,11 +104,12 @@ def baseline(
 
 
 def plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
-                      strategies_dir, loss_chunks, step) -> tuple[Plan, list[str]]:
+                      strategies_dir, loss_chunks, step, optimizer, param_dtype) -> tuple[Plan, list[str]]:
     """The checked plan of the CLI's options, and the default offload strategies it leaves out."""
     return resolve_plan(seq=seq, batch=batch, model=model, target=target, devices=devices,
                         topology=topology, strategies=strategy_names(strategies), strategy_files=strategy_file or (),
-                        strategies_dirs=strategies_dir or (), loss_chunks=loss_chunks, step=step)
+                        strategies_dirs=strategies_dir or (), loss_chunks=loss_chunks, step=step,
+                        optimizer=optimizer, param_dtype=param_dtype)
 
 
 def say_skipped(plan: Plan, skipped: list[str]) -> None:

@@ -15,7 +15,7 @@ from memprobe.cli import compare
 from memprobe.cli.compare import check_run_options
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.liveness import Explained
-from memprobe.plan import DEFAULT_MODEL, Step
+from memprobe.plan import DEFAULT_MODEL, ParamDtype, Step
 from memprobe.render import DEFAULT_TOP, ExplainFormat, check_top
 from memprobe.targets import DEFAULT_TARGET
 
@@ -46,6 +46,8 @@ def explain(
     strategies_dir: o.StrategiesDir = None,
     loss_chunks: o.LossChunks = None,
     step: o.StepKind = Step.TRAIN,
+    optimizer: o.OptimizerKind = None,
+    param_dtype: o.ParamDtypeKind = ParamDtype.FP32,
     top: Annotated[int, typer.Option("--top", help="Buffers (or diff groups) to list; the rest are summed.")] = DEFAULT_TOP,
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
     no_cache: o.NoCache = False,
@@ -64,7 +66,7 @@ def explain(
     check_top(top)
     plan = explain_plan(strategy, diff_pair, seq=seq, batch=batch, model=model, target=target, devices=devices,
                         topology=topology, strategy_files=strategy_file or (), strategies_dirs=strategies_dir or (),
-                        loss_chunks=loss_chunks, step=step)
+                        loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype)
     cap = check_run_options(timeout, None, max_host_memory)
     check_writable(output)
     check_writable(chart, "--chart")

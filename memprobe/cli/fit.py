@@ -12,7 +12,7 @@ from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, output_file
 from memprobe.cli.compare import check_run_options, plan_from_options, run_jobs, say_skipped
 from memprobe.compile import DEFAULT_TIMEOUT_S
-from memprobe.plan import DEFAULT_MODEL, Step
+from memprobe.plan import DEFAULT_MODEL, ParamDtype, Step
 from memprobe.render import FitFormat
 from memprobe.search import DEFAULT_FIT_SEQ as DEFAULT_SEQ
 from memprobe.search import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQ, fit_plan, search_axis
@@ -41,6 +41,8 @@ def fit(
     strategies_dir: o.StrategiesDir = None,
     loss_chunks: o.LossChunks = None,
     step: o.StepKind = Step.TRAIN,
+    optimizer: o.OptimizerKind = None,
+    param_dtype: o.ParamDtypeKind = ParamDtype.FP32,
     budget: Annotated[str | None, typer.Option(
         "--budget", metavar="<size>", help="Per-device memory to fit in, e.g. 85GiB to keep headroom (default: the "
         "target's HBM per device).")] = None,
@@ -69,7 +71,7 @@ def fit(
     """
     axis, unit, max_n, seq, batch = search_axis(vary.value, seq, batch, max_batch, max_seq, loss_chunks)
     plan, skipped = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
-                                      strategies_dir, loss_chunks, step)
+                                      strategies_dir, loss_chunks, step, optimizer, param_dtype)
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
     first = True

@@ -8,7 +8,7 @@ from typing import IO
 
 from memprobe.measure import GIB
 from memprobe.render import FitFormat
-from memprobe.render.frame import PEAK_FORMULA, devices, fmt, versions_line, where
+from memprobe.render.frame import PEAK_FORMULA, devices, fmt, step_name, versions_line, where
 from memprobe.search import FitResult, StrategySearch
 
 
@@ -76,7 +76,7 @@ def title(fit: FitResult) -> str:
             if fit.host_ram is not None else "")
     what = (f"seq {m.seq_len}: the largest per-device batch" if fit.axis == "batch"
             else f"per-device batch {m.batch_per_device}: the longest sequence")
-    return f"{m.model} {m.step} step, {what} within {fit.budget / GIB:.2f} GiB per device{host} on {where(m)}"
+    return f"{m.model} {step_name(m)}, {what} within {fit.budget / GIB:.2f} GiB per device{host} on {where(m)}"
 
 
 def footnotes(fit: FitResult) -> list[str]:

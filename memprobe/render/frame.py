@@ -13,6 +13,7 @@ import pandas as pd
 
 from memprobe.flags import OVER_CAPACITY, OVER_HOST_RAM, VERDICT_FLAGS, sanity_flags
 from memprobe.measure import GIB, Measurement, flops_ratio
+from memprobe.plan import recipe
 
 COLUMNS = [
     "rank", "strategy", "peak_gib", "pct_of_hbm", "delta_gib", "temp_gib", "argument_gib",
@@ -49,8 +50,15 @@ def where(m: Measurement) -> str:
     return f"{m.topology or m.target}, {devices(m.num_devices)}"
 
 
+def step_name(m: Measurement) -> str:
+    """"train step", with the parameters' dtype and the update in brackets where they are not
+    the default (fp32, AdamW); the footer's versions line always names them."""
+    default = m.param_dtype == "fp32" and m.optimizer in ("adamw", None)
+    return f"{m.step} step" + ("" if default else f" ({recipe(m.step, m.optimizer, m.param_dtype)})")
+
+
 def title(m: Measurement) -> str:
-    return (f"{m.model} {m.step} step, seq {m.seq_len} x per-device batch {m.batch_per_device} "
+    return (f"{m.model} {step_name(m)}, seq {m.seq_len} x per-device batch {m.batch_per_device} "
             f"on {where(m)}")
 
 
@@ -186,7 +194,8 @@ def versions_line(m: Measurement, loss: str | None = None) -> str:
     compiler = {"tpu": ("libtpu",), "cuda": ("jax-cuda12-plugin",)}.get(m.platform, ())
     shown = ("memprobe", "jax", "jaxlib", *compiler)
     return ("Versions: " + ", ".join(f"{k} {v[k]}" for k in shown if k in v)
-            + f"; {loss or f'loss in {m.loss_chunks} chunk(s)'}; {m.step} step.")
+            + f"; {loss or f'loss in {m.loss_chunks} chunk(s)'}; {m.step} step "
+            + f"({recipe(m.step, m.optimizer, m.param_dtype)}).")
 
 
 def comparison_frame(measurements: list[Measurement]) -> pd.DataFrame:
