@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from memprobe.compile import GPU_PACKAGES, versions
 from memprobe.errors import BadInput
 from memprobe.measure import GIB, Measurement, parse_size
-from memprobe.plan import Plan, make_plan
+from memprobe.plan import Plan, make_plan, recipe
 from memprobe.result import Result
 from memprobe.strategy import strategy_from_mapping
 from memprobe.targets import require_backend, resolve_target
@@ -92,6 +92,8 @@ def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
     for v in verdicts:
         b, n = v.base, v.now
         where = f"{b.model} seq {b.seq_len} x {b.batch_per_device} on {b.topology or b.target}"
+        if b.step != "train" or b.optimizer != "adamw" or b.param_dtype != "fp32":
+            where += f", {b.step} step ({recipe(b.step, b.optimizer, b.param_dtype)})"
         rows.append({
             "configuration": where,
             "strategy": b.strategy,
@@ -173,6 +175,7 @@ def verdicts_json(verdicts: list[Verdict], tolerance: Tolerance, max_peak: int |
         b, n = v.base, v.now
         return {"model": b.model, "strategy": b.strategy, "target": b.target, "topology": b.topology,
                 "num_devices": b.num_devices, "seq_len": b.seq_len, "batch_per_device": b.batch_per_device,
+                "step": b.step, "optimizer": b.optimizer, "param_dtype": b.param_dtype,
                 "status": v.status, "passed": v.passed,
                 "baseline_peak_bytes": b.peak_bytes, "now_peak_bytes": n.peak_bytes if n.ok else None,
                 "delta_bytes": n.peak_bytes - b.peak_bytes if n.ok else None,

@@ -138,3 +138,10 @@ def test_check_compiles_a_baseline_again_with_its_own_update(tmp_path):
     assert verdict.status == "ok" and verdict.passed
     assert verdict.now.peak_bytes == verdict.base.peak_bytes
     assert (verdict.now.optimizer, verdict.now.param_dtype) == ("sgd", "bf16")
+    # The gate's table and JSON say which update the configuration was compiled with.
+    from memprobe.gate import Tolerance, verdict_frame, verdicts_json
+
+    assert verdict_frame([verdict])["configuration"][0] == \
+        "tiny-e2b seq 256 x 1 on cpu, train step (bf16 parameters, SGD)"
+    [entry] = verdicts_json([verdict], Tolerance.parse("2%"), None, path)["verdicts"]
+    assert (entry["step"], entry["optimizer"], entry["param_dtype"]) == ("train", "sgd", "bf16")
