@@ -42,7 +42,7 @@ def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: st
                  strategy_files: Iterable[Path] = (), strategies_dirs: Iterable[Path] = (),
                  loss_chunks: int | None = None, step: Step | str = Step.TRAIN,
                  optimizer: Optimizer | str | None = None,
-                 param_dtype: ParamDtype | str = ParamDtype.FP32) -> tuple[Plan, list[str]]:
+                 param_dtype: ParamDtype | str = ParamDtype.FP32, grad_accum: int = 1) -> tuple[Plan, list[str]]:
     """The checked plan, and the offload strategies left out because the target has no host
     memory to offload to: only of the default set (the four families and ``strategy_files``)
     or "all"; a named offload strategy on such a target is refused. A name given twice is
@@ -68,7 +68,8 @@ def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: st
     skipped = [s.name for s in chosen if s.offload and not where.has_host_memory] if implicit else []
     chosen = [s for s in chosen if s.name not in skipped]
     plan = make_plan(model=model, strategies=chosen, target=where, seq_len=seq, batch_per_device=batch,
-                     loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype)
+                     loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype,
+                     grad_accum=grad_accum)
     if (topology is not None or ":" in target) and where.platform == "tpu":  # --devices shapes are libtpu's own
         check_devices(plan.jobs()[0])
     return plan, skipped
@@ -100,7 +101,7 @@ def compare(*, seq: int = 24576, batch: int = 8, model: str = DEFAULT_MODEL, tar
             strategy_files: Iterable[Path] = (), strategies_dirs: Iterable[Path] = (),
             loss_chunks: int | None = None, step: Step | str = Step.TRAIN,
             optimizer: Optimizer | str | None = None, param_dtype: ParamDtype | str = ParamDtype.FP32,
-            jobs: int | None = None,
+            grad_accum: int = 1, jobs: int | None = None,
             timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True, max_host_bytes: int | None = None,
             on_event: OnEvent | None = None) -> Result:
     """`memprobe compare` as a call: the train step of ``model`` compiled for ``target`` under
@@ -112,7 +113,7 @@ def compare(*, seq: int = 24576, batch: int = 8, model: str = DEFAULT_MODEL, tar
     plan, _ = resolve_plan(seq=seq, batch=batch, model=model, target=target, devices=devices,
                            topology=topology, strategies=strategies, strategy_files=strategy_files,
                            strategies_dirs=strategies_dirs, loss_chunks=loss_chunks, step=step,
-                           optimizer=optimizer, param_dtype=param_dtype)
+                           optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)
     return run(plan, jobs=jobs, timeout_s=timeout_s, cache=cache, max_host_bytes=max_host_bytes,
                on_event=on_event)
 
@@ -136,6 +137,7 @@ def fit(*, vary: str = "batch", seq: int | None = None, batch: int | None = None
         strategies: Sequence[str | Strategy] | str | None = None, strategy_files: Iterable[Path] = (),
         strategies_dirs: Iterable[Path] = (), loss_chunks: int | None = None, step: Step | str = Step.TRAIN,
         optimizer: Optimizer | str | None = None, param_dtype: ParamDtype | str = ParamDtype.FP32,
+        grad_accum: int = 1,
         budget: str | int | None = None, max_batch: int | None = None, max_seq: int | None = None,
         host_ram: str | int | None = None, devices_per_host: int | None = None, jobs: int | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True, max_host_bytes: int | None = None,
@@ -152,7 +154,7 @@ def fit(*, vary: str = "batch", seq: int | None = None, batch: int | None = None
     plan, _ = resolve_plan(seq=seq, batch=batch, model=model, target=target, devices=devices,
                            topology=topology, strategies=strategies, strategy_files=strategy_files,
                            strategies_dirs=strategies_dirs, loss_chunks=loss_chunks, step=step,
-                           optimizer=optimizer, param_dtype=param_dtype)
+                           optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)
     check_run(jobs, timeout_s)
     if runner is None:
         def runner(wanted: list[CompileJob], labels: list[str], what: str) -> list[Measurement]:
@@ -167,6 +169,7 @@ def explain(strategy: str | Strategy | None = None, *, diff: Sequence[str | Stra
             devices: int | None = None, topology: str | None = None, strategy_files: Iterable[Path] = (),
             strategies_dirs: Iterable[Path] = (), loss_chunks: int | None = None, step: Step | str = Step.TRAIN,
             optimizer: Optimizer | str | None = None, param_dtype: ParamDtype | str = ParamDtype.FP32,
+            grad_accum: int = 1,
             timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True, max_host_bytes: int | None = None,
             on_event: OnEvent | None = None) -> Explained:
     """`memprobe explain` as a call: one ``strategy`` (or the two of ``diff``) compiled with the
@@ -177,7 +180,8 @@ def explain(strategy: str | Strategy | None = None, *, diff: Sequence[str | Stra
     memory allows two compiles; answers are kept in the results cache."""
     plan = explain_plan(strategy, diff, seq=seq, batch=batch, model=model, target=target, devices=devices,
                         topology=topology, strategy_files=strategy_files, strategies_dirs=strategies_dirs,
-                        loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype)
+                        loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype,
+                        grad_accum=grad_accum)
     return run_explain(plan, timeout_s=timeout_s, cache=cache, max_host_bytes=max_host_bytes, on_event=on_event)
 
 

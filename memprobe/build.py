@@ -5,7 +5,9 @@ Parameters are stored in the job's dtype (fp32 or bf16; the model casts them to 
 it computes) and the optimizer's state follows them. Both are sharded FSDP-style over every
 device of the target
 (each array along its largest dimension that the device count divides); the batch is
-split over the devices; activations are kept batch-sharded at every layer boundary.
+split over the devices; activations are kept batch-sharded at every layer boundary. With
+gradient accumulation the step takes its microbatches stacked and runs them one after
+another in a ``lax.scan``, summing their gradients.
 """
 
 from __future__ import annotations
@@ -138,15 +140,32 @@ def build_step(job: CompileJob, devices: list) -> AbstractStep:
         return model.loss(tokens, targets, loss_chunks=shapes.loss_chunks, runner=runner,
                           constrain=constrain)
 
-    batch = jax.ShapeDtypeStruct((job.global_batch, shapes.seq_len), jnp.int32, sharding=batch_sharding)
     p_shardings = jax.tree.map(lambda x: x.sharding, params)
     count = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+    accum = job.grad_accum
+    if accum == 1:
+        batch = jax.ShapeDtypeStruct((job.global_batch, shapes.seq_len), jnp.int32, sharding=batch_sharding)
+        loss_and_grads = jax.value_and_grad(loss_fn)
+    else:  # the step's batch comes as [microbatch, example, token], each microbatch over every device
+        batch = jax.ShapeDtypeStruct((accum, job.global_batch, shapes.seq_len), jnp.int32,
+                                     sharding=NamedSharding(mesh, P(None, AXIS, None)))
+
+        def loss_and_grads(p, tokens, targets):
+            """The mean loss and gradients of ``accum`` microbatches, one at a time in a scan, so
+            one microbatch's activations are live at once beside a running sum of gradients (in
+            the parameters' dtype and sharding, as MaxText accumulates)."""
+            def one(carry, micro):
+                total, summed = carry
+                loss, grads = jax.value_and_grad(loss_fn)(p, *micro)
+                summed = jax.lax.with_sharding_constraint(jax.tree.map(jnp.add, summed, grads), p_shardings)
+                return (total + loss.astype(jnp.float32), summed), None
+
+            start = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, p))
+            (total, summed), _ = jax.lax.scan(one, start, (tokens, targets))
+            return total / accum, jax.tree.map(lambda g: g / accum, summed)
 
     if job.step is Step.GRAD:
-        def grad_step(p, tokens, targets):
-            return jax.value_and_grad(loss_fn)(p, tokens, targets)
-
-        fn = jax.jit(grad_step, out_shardings=(replicated, p_shardings))
+        fn = jax.jit(loss_and_grads, out_shardings=(replicated, p_shardings))
         return AbstractStep(fn, (params, batch, batch), count)
 
     optimizer = make_optimizer(job.optimizer)
@@ -154,7 +173,7 @@ def build_step(job: CompileJob, devices: list) -> AbstractStep:
     o_shardings = jax.tree.map(lambda x: x.sharding, opt_state)
 
     def train_step(p, o, tokens, targets):
-        loss, grads = jax.value_and_grad(loss_fn)(p, tokens, targets)
+        loss, grads = loss_and_grads(p, tokens, targets)
         updates, o = optimizer.update(grads, o, p)
         return optax.apply_updates(p, updates), o, loss
 

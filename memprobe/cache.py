@@ -104,14 +104,17 @@ def _work(job: CompileJob) -> str:
                     **_training(job)})
 
 
-def _training(job: CompileJob) -> dict[str, str]:
-    """The optimizer and parameter dtype where they are not the default (AdamW, fp32), so
-    that compile-time records of default steps made before these knobs existed still match."""
-    out = {}
+def _training(job: CompileJob) -> dict[str, str | int]:
+    """The optimizer, parameter dtype and gradient accumulation where they are not the
+    default (AdamW, fp32, none), so that results and compile-time records of default steps
+    made before these knobs existed still match."""
+    out: dict[str, str | int] = {}
     if job.optimizer is not None and job.optimizer.value != "adamw":  # None: a grad step
         out["optimizer"] = job.optimizer.value
     if job.param_dtype.value != "fp32":
         out["param_dtype"] = job.param_dtype.value
+    if job.grad_accum != 1:
+        out["grad_accum"] = job.grad_accum
     return out
 
 

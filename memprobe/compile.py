@@ -101,6 +101,7 @@ def _base_record(job: CompileJob, **fields) -> Measurement:
         step=job.step.value,
         optimizer=job.optimizer.value if job.optimizer else None,
         param_dtype=job.param_dtype.value,
+        grad_accum=job.grad_accum,
         capacity_bytes=t.hbm_bytes,
         versions=versions(t.platform),
         **fields,

@@ -92,8 +92,8 @@ def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
     for v in verdicts:
         b, n = v.base, v.now
         where = f"{b.model} seq {b.seq_len} x {b.batch_per_device} on {b.topology or b.target}"
-        if b.step != "train" or b.optimizer != "adamw" or b.param_dtype != "fp32":
-            where += f", {b.step} step ({recipe(b.step, b.optimizer, b.param_dtype)})"
+        if b.step != "train" or b.optimizer != "adamw" or b.param_dtype != "fp32" or b.grad_accum != 1:
+            where += f", {b.step} step ({recipe(b.step, b.optimizer, b.param_dtype, b.grad_accum)})"
         rows.append({
             "configuration": where,
             "strategy": b.strategy,
@@ -134,7 +134,8 @@ def baseline_plans(base: Result, where: Path) -> list[tuple[list[Measurement], P
         try:
             plan = make_plan(model=m0.model, strategies=strategies, target=target, seq_len=m0.seq_len,
                              batch_per_device=m0.batch_per_device, loss_chunks=m0.loss_chunks,
-                             step=m0.step, optimizer=m0.optimizer, param_dtype=m0.param_dtype)
+                             step=m0.step, optimizer=m0.optimizer, param_dtype=m0.param_dtype,
+                             grad_accum=m0.grad_accum)
         except BadInput as e:
             raise BadInput(f"{where}: {e}") from None
         plans.append((group, plan))
@@ -176,6 +177,7 @@ def verdicts_json(verdicts: list[Verdict], tolerance: Tolerance, max_peak: int |
         return {"model": b.model, "strategy": b.strategy, "target": b.target, "topology": b.topology,
                 "num_devices": b.num_devices, "seq_len": b.seq_len, "batch_per_device": b.batch_per_device,
                 "step": b.step, "optimizer": b.optimizer, "param_dtype": b.param_dtype,
+                "grad_accum": b.grad_accum,
                 "status": v.status, "passed": v.passed,
                 "baseline_peak_bytes": b.peak_bytes, "now_peak_bytes": n.peak_bytes if n.ok else None,
                 "delta_bytes": n.peak_bytes - b.peak_bytes if n.ok else None,

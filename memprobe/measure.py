@@ -40,6 +40,7 @@ class Measurement:
     step: str
     optimizer: str | None = "adamw"  # None for a grad step, which compiles no update
     param_dtype: str = "fp32"
+    grad_accum: int = 1  # microbatches of batch_per_device whose gradients one step sums
     status: str = "ok"  # "ok" or "failed"
     error: str | None = None
     argument_bytes: int = 0

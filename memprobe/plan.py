@@ -38,11 +38,13 @@ class ParamDtype(str, enum.Enum):
     BF16 = "bf16"
 
 
-def recipe(step: str, optimizer: str | None, param_dtype: str) -> str:
-    """The parameters' dtype and the update, as reports name them: "fp32 parameters, AdamW"
-    (a grad step has no update to name)."""
+def recipe(step: str, optimizer: str | None, param_dtype: str, grad_accum: int = 1) -> str:
+    """The parameters' dtype, the update and the accumulation, as reports name them: "fp32
+    parameters, AdamW" (a grad step has no update to name), "..., gradients accumulated over
+    4 microbatches"."""
     update = f", {Optimizer(optimizer).label}" if step == Step.TRAIN.value and optimizer else ""
-    return f"{param_dtype} parameters{update}"
+    accum = f", gradients accumulated over {grad_accum} microbatches" if grad_accum > 1 else ""
+    return f"{param_dtype} parameters{update}{accum}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,9 +84,11 @@ class CompileJob:
     step: Step
     optimizer: Optimizer | None = Optimizer.ADAMW  # None for a grad step: no update is compiled
     param_dtype: ParamDtype = ParamDtype.FP32
+    grad_accum: int = 1  # microbatches of batch_per_device whose gradients one step sums
 
     @property
     def global_batch(self) -> int:
+        """Examples in one microbatch, all devices together (the whole batch without accumulation)."""
         return self.shapes.batch_per_device * self.target.num_devices
 
 
@@ -97,11 +101,12 @@ class Plan:
     step: Step
     optimizer: Optimizer | None = Optimizer.ADAMW
     param_dtype: ParamDtype = ParamDtype.FP32
+    grad_accum: int = 1
 
     def job(self, strategy: Strategy, shapes: Shapes | None = None) -> CompileJob:
         """The compile of one strategy of this plan (at other shapes, for a search)."""
         return CompileJob(self.model, strategy, self.target, shapes or self.shapes, self.step,
-                          self.optimizer, self.param_dtype)
+                          self.optimizer, self.param_dtype, self.grad_accum)
 
     def jobs(self) -> list[CompileJob]:
         return [self.job(s) for s in self.strategies]
@@ -126,10 +131,14 @@ def resolve_model(name: str) -> ModelConfig:
 
 def make_plan(*, model: str, strategies: list[Strategy], target: Target, seq_len: int,
               batch_per_device: int, loss_chunks: int | None = None, step: Step = Step.TRAIN,
-              optimizer: Optimizer | None = None, param_dtype: ParamDtype = ParamDtype.FP32) -> Plan:
+              optimizer: Optimizer | None = None, param_dtype: ParamDtype = ParamDtype.FP32,
+              grad_accum: int = 1) -> Plan:
     """``optimizer`` None is AdamW for a train step; a grad step compiles no update, so
-    naming one for it is refused rather than silently ignored."""
+    naming one for it is refused rather than silently ignored. ``grad_accum`` microbatches of
+    ``batch_per_device`` each make one step (MaxText's gradient_accumulation_steps)."""
     cfg = resolve_model(model)
+    if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
+        raise BadInput(f"--grad-accum must be a positive integer, got {grad_accum!r}")
     step, param_dtype = choice(Step, step, "step"), choice(ParamDtype, param_dtype, "param_dtype")
     if step is Step.GRAD:
         if optimizer is not None:
@@ -146,4 +155,4 @@ def make_plan(*, model: str, strategies: list[Strategy], target: Target, seq_len
     if isinstance(seq_len, int) and seq_len >= 1 and loss_chunks is None:
         loss_chunks = default_loss_chunks(seq_len)
     shapes = Shapes(seq_len=seq_len, batch_per_device=batch_per_device, loss_chunks=loss_chunks)
-    return Plan(cfg, tuple(strategies), target, shapes, step, optimizer, param_dtype)
+    return Plan(cfg, tuple(strategies), target, shapes, step, optimizer, param_dtype, grad_accum)

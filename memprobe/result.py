@@ -32,7 +32,7 @@ from memprobe.plan import Optimizer, ParamDtype, Step
 SCHEMA = "memprobe.result"
 SCHEMA_VERSION = 1
 CONFIG_FIELDS = ("model", "target", "platform", "num_devices", "topology", "seq_len",
-                 "batch_per_device", "loss_chunks", "step", "optimizer", "param_dtype")
+                 "batch_per_device", "loss_chunks", "step", "optimizer", "param_dtype", "grad_accum")
 
 
 def config_of(m: Measurement) -> dict[str, Any]:
@@ -178,8 +178,11 @@ def measurement_from_json(row: Any, at: str) -> Measurement:
             raise BadInput(f"{at}: {field}: expected an integer, got {row[field]!r}")
     if row["step"] not in {s.value for s in Step}:
         raise BadInput(f"{at}: step: {row['step']!r} is not one of {', '.join(s.value for s in Step)}")
-    row = {"param_dtype": ParamDtype.FP32.value,  # saved before these knobs existed: AdamW, fp32
-           "optimizer": Optimizer.ADAMW.value if row["step"] == Step.TRAIN.value else None, **row}
+    row = {"param_dtype": ParamDtype.FP32.value,  # saved before these knobs existed: AdamW, fp32,
+           "optimizer": Optimizer.ADAMW.value if row["step"] == Step.TRAIN.value else None,
+           "grad_accum": 1, **row}  # no accumulation
+    if isinstance(row["grad_accum"], bool) or not isinstance(row["grad_accum"], int) or row["grad_accum"] < 1:
+        raise BadInput(f"{at}: grad_accum: expected a positive integer, got {row['grad_accum']!r}")
     for field, kind in (("optimizer", Optimizer), ("param_dtype", ParamDtype)):
         known = [k.value for k in kind]
         if field == "optimizer" and row["step"] != Step.TRAIN.value:

@@ -107,6 +107,8 @@ COMPARE_BAD = [
     (["--optimizer", "adam"], "Invalid value for '--optimizer': 'adam' is not one of 'adamw', 'adafactor', 'lion', 'sgd'"),
     (["--param-dtype", "fp16"], "Invalid value for '--param-dtype': 'fp16' is not one of 'fp32', 'bf16'"),
     (["--step", "grad", "--optimizer", "lion"], "--optimizer lion: a grad step compiles no optimizer update (use --step train)"),
+    (["--grad-accum", "0"], "--grad-accum must be a positive integer, got 0"),
+    (["--grad-accum", "two"], "Invalid value for '--grad-accum': 'two' is not an integer"),
 ]
 E4B = "reports/gemma4-e4b-seq24576-b8-tpu7x-8.json"
 EXPLAINED = "reports/gemma4-e4b-seq24576-b8-tpu7x-8-explain-offload-mlp.json"

@@ -40,6 +40,9 @@ OptimizerKind = Annotated[Optimizer | None, typer.Option(
 ParamDtypeKind = Annotated[ParamDtype, typer.Option(
     "--param-dtype", help="How the parameters are stored: fp32, or bf16 (the optimizer's moments follow "
     "them). Activations are bf16 either way.")]
+GradAccum = Annotated[int, typer.Option(
+    "--grad-accum", help="Microbatches one step accumulates gradients over, one after another (MaxText's "
+    "gradient_accumulation_steps); --batch is each microbatch's per-device batch. Default 1: none.")]
 Timeout = Annotated[float, typer.Option("--timeout", metavar="<seconds>", help="Seconds one strategy's compile may take.")]
 
 Jobs = Annotated[int | None, typer.Option(

@@ -35,6 +35,7 @@ def compare(
     step: o.StepKind = Step.TRAIN,
     optimizer: o.OptimizerKind = None,
     param_dtype: o.ParamDtypeKind = ParamDtype.FP32,
+    grad_accum: o.GradAccum = 1,
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
     jobs: o.Jobs = None,
     no_cache: o.NoCache = False,
@@ -51,7 +52,8 @@ def compare(
     Exit code 1 when any strategy failed to compile (the table still shows the others).
     """
     plan, skipped = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
-                                      strategies_dir, loss_chunks, step, optimizer, param_dtype)
+                                      strategies_dir, loss_chunks, step, optimizer, param_dtype,
+                                      grad_accum)
     cap = check_run_options(timeout, jobs, max_host_memory)
     ram = host_ram_check(plan.target, host_ram, devices_per_host)
     check_writable(output)
@@ -79,6 +81,7 @@ def baseline(
     step: o.StepKind = Step.TRAIN,
     optimizer: o.OptimizerKind = None,
     param_dtype: o.ParamDtypeKind = ParamDtype.FP32,
+    grad_accum: o.GradAccum = 1,
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
     jobs: o.Jobs = None,
     no_cache: o.NoCache = False,
@@ -89,7 +92,8 @@ def baseline(
     Nothing is written when a strategy fails to compile (exit code 1): a baseline must be whole.
     """
     plan, skipped = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
-                                      strategies_dir, loss_chunks, step, optimizer, param_dtype)
+                                      strategies_dir, loss_chunks, step, optimizer, param_dtype,
+                                      grad_accum)
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
     say_skipped(plan, skipped)
@@ -104,12 +108,13 @@ def baseline(
 
 
 def plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
-                      strategies_dir, loss_chunks, step, optimizer, param_dtype) -> tuple[Plan, list[str]]:
+                      strategies_dir, loss_chunks, step, optimizer, param_dtype,
+                      grad_accum) -> tuple[Plan, list[str]]:
     """The checked plan of the CLI's options, and the default offload strategies it leaves out."""
     return resolve_plan(seq=seq, batch=batch, model=model, target=target, devices=devices,
                         topology=topology, strategies=strategy_names(strategies), strategy_files=strategy_file or (),
                         strategies_dirs=strategies_dir or (), loss_chunks=loss_chunks, step=step,
-                        optimizer=optimizer, param_dtype=param_dtype)
+                        optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)
 
 
 def say_skipped(plan: Plan, skipped: list[str]) -> None:

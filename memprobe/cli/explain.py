@@ -48,6 +48,7 @@ def explain(
     step: o.StepKind = Step.TRAIN,
     optimizer: o.OptimizerKind = None,
     param_dtype: o.ParamDtypeKind = ParamDtype.FP32,
+    grad_accum: o.GradAccum = 1,
     top: Annotated[int, typer.Option("--top", help="Buffers (or diff groups) to list; the rest are summed.")] = DEFAULT_TOP,
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
     no_cache: o.NoCache = False,
@@ -66,7 +67,8 @@ def explain(
     check_top(top)
     plan = explain_plan(strategy, diff_pair, seq=seq, batch=batch, model=model, target=target, devices=devices,
                         topology=topology, strategy_files=strategy_file or (), strategies_dirs=strategies_dir or (),
-                        loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype)
+                        loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype,
+                        grad_accum=grad_accum)
     cap = check_run_options(timeout, None, max_host_memory)
     check_writable(output)
     check_writable(chart, "--chart")

@@ -43,6 +43,7 @@ def fit(
     step: o.StepKind = Step.TRAIN,
     optimizer: o.OptimizerKind = None,
     param_dtype: o.ParamDtypeKind = ParamDtype.FP32,
+    grad_accum: o.GradAccum = 1,
     budget: Annotated[str | None, typer.Option(
         "--budget", metavar="<size>", help="Per-device memory to fit in, e.g. 85GiB to keep headroom (default: the "
         "target's HBM per device).")] = None,
@@ -71,7 +72,8 @@ def fit(
     """
     axis, unit, max_n, seq, batch = search_axis(vary.value, seq, batch, max_batch, max_seq, loss_chunks)
     plan, skipped = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
-                                      strategies_dir, loss_chunks, step, optimizer, param_dtype)
+                                      strategies_dir, loss_chunks, step, optimizer, param_dtype,
+                                      grad_accum)
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
     first = True

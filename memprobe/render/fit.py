@@ -88,7 +88,8 @@ def footnotes(fit: FitResult) -> list[str]:
         search = ("Every batch shown was compiled: the largest batch fits, the next batch is over. The search "
                   "draws the peak's line through batch 1 and 2 and compiles the batch it predicts with the one "
                   "after; compiles counts the batches each strategy needed.")
-        amount, thing = "global batch = per-device batch x devices.", "batch"
+        accum = f" x {m.grad_accum} microbatches" if m.grad_accum > 1 else ""
+        amount, thing = f"global batch = per-device batch x devices{accum}.", "batch"
     else:
         search = (f"Every length shown was compiled: the longest fits, the next ({fit.unit} tokens, one attention "
                   f"block, longer) is over. The search draws the peak's line through seq {fit.unit} and "

@@ -51,14 +51,20 @@ def where(m: Measurement) -> str:
 
 
 def step_name(m: Measurement) -> str:
-    """"train step", with the parameters' dtype and the update in brackets where they are not
-    the default (fp32, AdamW); the footer's versions line always names them."""
-    default = m.param_dtype == "fp32" and m.optimizer in ("adamw", None)
-    return f"{m.step} step" + ("" if default else f" ({recipe(m.step, m.optimizer, m.param_dtype)})")
+    """"train step", with the parameters' dtype, the update and the gradient accumulation in
+    brackets where they are not the default (fp32, AdamW, none); the footer's versions line
+    always names them."""
+    default = m.param_dtype == "fp32" and m.optimizer in ("adamw", None) and m.grad_accum == 1
+    return f"{m.step} step" + ("" if default else f" ({_recipe(m)})")
+
+
+def _recipe(m: Measurement) -> str:
+    return recipe(m.step, m.optimizer, m.param_dtype, m.grad_accum)
 
 
 def title(m: Measurement) -> str:
-    return (f"{m.model} {step_name(m)}, seq {m.seq_len} x per-device batch {m.batch_per_device} "
+    micro = " per microbatch" if m.grad_accum > 1 else ""
+    return (f"{m.model} {step_name(m)}, seq {m.seq_len} x per-device batch {m.batch_per_device}{micro} "
             f"on {where(m)}")
 
 
@@ -195,7 +201,7 @@ def versions_line(m: Measurement, loss: str | None = None) -> str:
     shown = ("memprobe", "jax", "jaxlib", *compiler)
     return ("Versions: " + ", ".join(f"{k} {v[k]}" for k in shown if k in v)
             + f"; {loss or f'loss in {m.loss_chunks} chunk(s)'}; {m.step} step "
-            + f"({recipe(m.step, m.optimizer, m.param_dtype)}).")
+            + f"({_recipe(m)}).")
 
 
 def comparison_frame(measurements: list[Measurement]) -> pd.DataFrame:
