@@ -258,6 +258,13 @@ def test_every_format_answers_which_strategy_to_use():
     assert (a.label, a.strategy) == ("Nothing fits; lowest peak", "scan-periods")
     assert a.rest.startswith(f", {low.peak_bytes / 2**30:.2f} GiB ({low.peak_bytes:,} bytes) per device, "
                              f"{over:.2f} GiB over the 94.74 GiB of HBM.") and over > 0
+    # Eight examples a device: the same step's examples one at a time is named as the way on.
+    assert a.rest.endswith("at which each strategy fits; `--batch 1 --grad-accum 8` steps on the same "
+                           "examples, one at a time.")
+    # At batch 1 there is nothing to split: E4B on one H100 with fp32 AdamW fits under no strategy.
+    group = next(g for g in Result.load(REPORTS / "gemma4-e4b-seq8192-b1-h100-1-optimizers.json").comparisons
+                 if not any(m.fits for m in g))
+    assert group[0].batch_per_device == 1 and answer(group).rest.endswith("at which each strategy fits.")
     # At 8192 x 1 unrolled fits: no remat is the cheapest, the lowest peak is named beside it.
     result = Result.load(REPORTS / "gemma4-e2b-seq8192-b1-tpu7x-8.json")
     [group] = result.comparisons

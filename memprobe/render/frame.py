@@ -135,7 +135,8 @@ def answer(group: list[Measurement], places: int = 2) -> Answer | None:
       where the FLOPs column shows the same ratio); among equals the one with fewer host bytes
       (offload traffic costs time too), then one without sanity flags, then the lower peak;
       and the lowest peak beside it when that is another strategy;
-    - none fits: the lowest peak and how far over it is, and where to look next (``fit``);
+    - none fits: the lowest peak and how far over it is, and where to look next (``fit``, and
+      gradient accumulation where a device holds more than one example at a time);
     - no capacity known (the CPU backend): the lowest peak.
     None when no strategy compiled. Peaks are given to ``places`` decimals, as the table
     above shows them (the terminal table gives a tiny model's more)."""
@@ -159,9 +160,11 @@ def answer(group: list[Measurement], places: int = 2) -> Answer | None:
                         f"{low.capacity_bytes / GIB:.2f} GiB of HBM")
         if low.fits_host is False:
             over.append("its host bytes over the host's RAM")
+        split = (f"; `--batch 1 --grad-accum {low.batch_per_device * low.grad_accum}` steps on the same "
+                 "examples, one at a time" if low.batch_per_device > 1 else "")
         return Answer("Nothing fits; lowest peak", low.strategy,
                       f", {size}, {' and '.join(over)}. `memprobe fit` finds the largest batch (or, "
-                      "with --vary seq, the longest sequence) at which each strategy fits.")
+                      f"with --vary seq, the longest sequence) at which each strategy fits{split}.")
 
     # Recompute as the FLOPs column shows it (two decimals: 0.02% apart is the same cost), then
     # host traffic, then a row without sanity flags (an inert offload is not what it says),
