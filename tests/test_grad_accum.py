@@ -109,3 +109,17 @@ def test_check_compiles_a_baseline_again_with_its_accumulation(tmp_path):
         "tiny-e2b seq 256 x 1 on cpu, train step (fp32 parameters, AdamW, gradients accumulated over 2 microbatches)"
     [entry] = verdicts_json([verdict], Tolerance.parse("2%"), None, path)["verdicts"]
     assert entry["grad_accum"] == 2
+
+
+def test_fit_searches_the_microbatch_and_counts_every_microbatch_in_the_global_batch():
+    from test_cli import memprobe as run
+
+    r = run("fit", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--budget", "1GiB",
+            "--strategies", "checkpoint", "--max-batch", "2", "--grad-accum", "3", "--format", "markdown")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == (
+        "## tiny-e2b train step (fp32 parameters, AdamW, gradients accumulated over 3 microbatches), seq 256: "
+        "the largest per-device batch per microbatch within 1.00 GiB per device on cpu, 1 device")
+    [row] = [line for line in r.stdout.splitlines() if line.startswith("| 1 |")]
+    assert row.startswith("| 1 | checkpoint | 2 | 6 |")  # 2 examples x 1 device x 3 microbatches
+    assert "- global batch = per-device batch x devices x 3 microbatches." in r.stdout

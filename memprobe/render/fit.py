@@ -46,7 +46,8 @@ def _note(fit: FitResult, s: StrategySearch) -> str:
 def rows(fit: FitResult) -> list[dict[str, str]]:
     """One display row per strategy, best first."""
     m = fit.measurements[0]  # one configuration: the same slice (and batch, when seq is searched) throughout
-    per_value = m.num_devices if fit.axis == "batch" else m.batch_per_device
+    # what one step takes at a size: every microbatch of it, on every device
+    per_value = (m.num_devices if fit.axis == "batch" else m.batch_per_device) * m.grad_accum
     size, amount, nxt, _ = NAMES[fit.axis]
     out = []
     for i, s in enumerate(fit.ranked(), 1):
@@ -74,8 +75,9 @@ def title(fit: FitResult) -> str:
     m = fit.measurements[0]
     host = (f" and {fit.host_ram / GIB:.2f} GiB host RAM per host of {devices(fit.devices_per_host)}"
             if fit.host_ram is not None else "")
-    what = (f"seq {m.seq_len}: the largest per-device batch" if fit.axis == "batch"
-            else f"per-device batch {m.batch_per_device}: the longest sequence")
+    micro = " per microbatch" if m.grad_accum > 1 else ""
+    what = (f"seq {m.seq_len}: the largest per-device batch{micro}" if fit.axis == "batch"
+            else f"per-device batch {m.batch_per_device}{micro}: the longest sequence")
     return f"{m.model} {step_name(m)}, {what} within {fit.budget / GIB:.2f} GiB per device{host} on {where(m)}"
 
 
@@ -84,18 +86,18 @@ def footnotes(fit: FitResult) -> list[str]:
     budget = (f"Budget: {fit.budget / GIB:.2f} GiB ({fit.budget:,} bytes) per device, "
               + ("the target's HBM as the compiler enforces it." if fit.budget_source == "HBM"
                  else "from --budget."))
+    accum = f" x {m.grad_accum} microbatches" if m.grad_accum > 1 else ""
     if fit.axis == "batch":
         search = ("Every batch shown was compiled: the largest batch fits, the next batch is over. The search "
                   "draws the peak's line through batch 1 and 2 and compiles the batch it predicts with the one "
                   "after; compiles counts the batches each strategy needed.")
-        accum = f" x {m.grad_accum} microbatches" if m.grad_accum > 1 else ""
         amount, thing = f"global batch = per-device batch x devices{accum}.", "batch"
     else:
         search = (f"Every length shown was compiled: the longest fits, the next ({fit.unit} tokens, one attention "
                   f"block, longer) is over. The search draws the peak's line through seq {fit.unit} and "
                   f"{2 * fit.unit} and compiles the length it predicts with the next; compiles counts the "
                   "lengths each strategy needed.")
-        amount, thing = "tokens per device = seq x per-device batch.", "length"
+        amount, thing = f"tokens per device = seq x per-device batch{accum}.", "length"
     out = [f"GiB = 2^30 bytes; {PEAK_FORMULA}.", budget, search, amount]
     if fit.host_ram is not None:
         nxt = NAMES[fit.axis][2]
