@@ -165,7 +165,10 @@ def build_step(job: CompileJob, devices: list) -> AbstractStep:
             return total / accum, jax.tree.map(lambda g: g / accum, summed)
 
     if job.step is Step.GRAD:
-        fn = jax.jit(loss_and_grads, out_shardings=(replicated, p_shardings))
+        def grad_step(p, tokens, targets):  # the module's name, jit_grad_step, as before accumulation
+            return loss_and_grads(p, tokens, targets)
+
+        fn = jax.jit(grad_step, out_shardings=(replicated, p_shardings))
         return AbstractStep(fn, (params, batch, batch), count)
 
     optimizer = make_optimizer(job.optimizer)
