@@ -123,3 +123,20 @@ def test_fit_searches_the_microbatch_and_counts_every_microbatch_in_the_global_b
     [row] = [line for line in r.stdout.splitlines() if line.startswith("| 1 |")]
     assert row.startswith("| 1 | checkpoint | 2 | 6 |")  # 2 examples x 1 device x 3 microbatches
     assert "- global batch = per-device batch x devices x 3 microbatches." in r.stdout
+
+
+def test_a_long_title_is_wrapped_inside_the_chart():
+    # The recipe and the accumulation make a title of about 150 characters, which ran off
+    # both sides of a six-inch chart; wrapped, the figure's edges stay blank.
+    import io
+
+    import matplotlib.image
+
+    from memprobe.render.chart import render_png
+
+    pixels = matplotlib.image.imread(io.BytesIO(render_png([on_tpu(1, 4)])), format="png")
+    height, width = pixels.shape[:2]
+    band = pixels[: int(0.1 * height), :, :3]  # above the axes, where the title is
+    assert band.min() < 0.5  # the title is there
+    for edge in (band[:3], band[:, :3], band[:, -3:]):  # the top rows, the left and right columns
+        assert edge.min() > 0.99, "the title reaches the figure's edge"

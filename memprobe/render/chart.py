@@ -10,6 +10,7 @@ of the HBM peak. The first three add up to the peak memprobe ranks by.
 from __future__ import annotations
 
 import io
+import textwrap
 
 import matplotlib
 
@@ -30,6 +31,18 @@ PARTS = (
 )
 
 
+def fitted_title(text: str, width_in: float, fontsize: float, max_lines: int = 2) -> tuple[str, float]:
+    """``text`` broken into lines no wider than ``width_in`` inches, and the font size that
+    keeps it to ``max_lines`` (down to 7 pt): a title naming the step's recipe and its
+    accumulation ran past both sides of a six-inch chart and was cut off."""
+    while True:
+        chars = int(width_in * 72 / (0.55 * fontsize))  # points across over an average glyph's width
+        lines = textwrap.wrap(text, chars, break_on_hyphens=False)
+        if len(lines) <= max_lines or fontsize <= 7:
+            return "\n".join(lines), fontsize
+        fontsize -= 1
+
+
 def _parts(m: Measurement) -> list[float]:
     return [m.argument_bytes / GIB, (m.output_bytes - m.alias_bytes) / GIB, m.temp_bytes / GIB,
             m.host_bytes / GIB]
@@ -38,7 +51,8 @@ def _parts(m: Measurement) -> list[float]:
 def render_png(measurements: list[Measurement]) -> bytes:
     """The chart as PNG bytes; one bar per strategy that compiled, lowest peak first."""
     ok = sorted((m for m in measurements if m.ok), key=lambda m: m.peak_bytes)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(ok) + 2.5), 5.0), dpi=100)
+    width_in = max(6.0, 1.1 * len(ok) + 2.5)
+    fig, ax = plt.subplots(figsize=(width_in, 5.0), dpi=100)
     fig.subplots_adjust(**AXES)
     names = [m.strategy for m in ok]
     bottoms = [0.0] * len(ok)
@@ -61,7 +75,10 @@ def render_png(measurements: list[Measurement]) -> bytes:
     # Headroom above the tallest bar for the legend.
     ax.set_ylim(0, max(top, cap / GIB if cap and cap / GIB <= 3 * top else 0.0) * 1.45 or 1.0)
     ax.set_ylabel("GiB per device (compiler estimate)")
-    ax.set_title(title(measurements[0]), fontsize=9)
+    # Centred near the figure's middle, a title may span most of the figure, not only the axes;
+    # two lines still fit above them.
+    text, size = fitted_title(title(measurements[0]), 0.92 * width_in, 9)
+    ax.set_title(text, fontsize=size)
     ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     for lbl in ax.get_xticklabels():
         lbl.set_horizontalalignment("right")

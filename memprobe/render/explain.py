@@ -314,7 +314,7 @@ def curve_png(series: list[tuple[Measurement, Explanation]] | Explained) -> byte
     dashed level at each strategy's peak (compiler estimate): the gap between the two is
     memory reserved but not holding a live buffer. Host memory (offload), where a strategy
     uses it, is a dotted line of its own."""
-    from memprobe.render.chart import plt  # matplotlib, set up for files only
+    from memprobe.render.chart import fitted_title, plt  # matplotlib, set up for files only
 
     if isinstance(series, Explained):
         series = series.explained
@@ -336,7 +336,8 @@ def curve_png(series: list[tuple[Measurement, Explanation]] | Explained) -> byte
     ax.set_xlabel("program order (fraction of the scheduled instruction sequence)")
     ax.set_ylabel("GiB per device (compiler's buffer assignment)")
     ax.set_ylim(bottom=0)
-    ax.set_title(title(series[0][0]), fontsize=10)
+    text, size = fitted_title(title(series[0][0]), 10, 10)
+    ax.set_title(text, fontsize=size)
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
