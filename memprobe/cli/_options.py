@@ -11,7 +11,7 @@ from memprobe.plan import Optimizer, ParamDtype, Step
 from memprobe.render import Format
 
 Seq = Annotated[int, typer.Option("--seq", help="Sequence length (tokens per example).")]
-Batch = Annotated[int, typer.Option("--batch", help="Per-device batch (MaxText's per_device_batch_size).")]
+Batch = Annotated[int, typer.Option("--batch", help="Per-device batch (MaxText's per_device_batch_size; of each microbatch with --grad-accum).")]
 Model = Annotated[str, typer.Option("--model", metavar="<name>", help="Model preset: gemma4-e2b, gemma4-e4b, or tiny-e2b, tiny-e4b, small-deep for quick trials.")]
 Target = Annotated[str, typer.Option("--target", metavar="<name>", help="tpu7x, v6e, v5p, v5e, v4 (deviceless TPU; with its size "
                                      "as v5p:2x2x1 or as a Cloud TPU accelerator type, v5p-8), h100, h200, "
@@ -42,7 +42,7 @@ ParamDtypeKind = Annotated[ParamDtype, typer.Option(
     "them). Activations are bf16 either way.")]
 GradAccum = Annotated[int, typer.Option(
     "--grad-accum", help="Microbatches one step accumulates gradients over, one after another (MaxText's "
-    "gradient_accumulation_steps); --batch is each microbatch's per-device batch. Default 1: none.")]
+    "gradient_accumulation_steps); --batch is each microbatch's per-device batch; 1: no accumulation.")]
 Timeout = Annotated[float, typer.Option("--timeout", metavar="<seconds>", help="Seconds one strategy's compile may take.")]
 
 Jobs = Annotated[int | None, typer.Option(
