@@ -8,7 +8,7 @@ from typing import IO
 
 from memprobe.measure import GIB
 from memprobe.render import FitFormat
-from memprobe.render.frame import PEAK_FORMULA, devices, fmt, step_name, versions_line, where
+from memprobe.render.frame import PEAK_FORMULA, devices, fmt, per_microbatch, step_name, versions_line, where
 from memprobe.search import FitResult, StrategySearch
 
 
@@ -75,7 +75,7 @@ def title(fit: FitResult) -> str:
     m = fit.measurements[0]
     host = (f" and {fit.host_ram / GIB:.2f} GiB host RAM per host of {devices(fit.devices_per_host)}"
             if fit.host_ram is not None else "")
-    micro = " per microbatch" if m.grad_accum > 1 else ""
+    micro = per_microbatch(m)
     what = (f"seq {m.seq_len}: the largest per-device batch{micro}" if fit.axis == "batch"
             else f"per-device batch {m.batch_per_device}{micro}: the longest sequence")
     return f"{m.model} {step_name(m)}, {what} within {fit.budget / GIB:.2f} GiB per device{host} on {where(m)}"

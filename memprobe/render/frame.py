@@ -62,9 +62,13 @@ def _recipe(m: Measurement) -> str:
     return recipe(m.step, m.optimizer, m.param_dtype, m.grad_accum)
 
 
+def per_microbatch(m: Measurement) -> str:
+    """" per microbatch" after a per-device batch where the step accumulates gradients."""
+    return " per microbatch" if m.grad_accum > 1 else ""
+
+
 def title(m: Measurement) -> str:
-    micro = " per microbatch" if m.grad_accum > 1 else ""
-    return (f"{m.model} {step_name(m)}, seq {m.seq_len} x per-device batch {m.batch_per_device}{micro} "
+    return (f"{m.model} {step_name(m)}, seq {m.seq_len} x per-device batch {m.batch_per_device}{per_microbatch(m)} "
             f"on {where(m)}")
 
 
