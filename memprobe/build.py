@@ -24,6 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from memprobe.errors import BadInput
+from memprobe.liveness import ACCUM_SCOPE, OPTIMIZER_SCOPE
 from memprobe.model import ModelConfig, Transformer
 from memprobe.plan import CompileJob, Optimizer, ParamDtype, Step
 from memprobe.targets import Target
@@ -160,9 +161,10 @@ def build_step(job: CompileJob, devices: list) -> AbstractStep:
                 summed = jax.lax.with_sharding_constraint(jax.tree.map(jnp.add, summed, grads), p_shardings)
                 return (total + loss.astype(jnp.float32), summed), None
 
-            start = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, p))
-            (total, summed), _ = jax.lax.scan(one, start, (tokens, targets))
-            return total / accum, jax.tree.map(lambda g: g / accum, summed)
+            with jax.named_scope(ACCUM_SCOPE):  # names the loop's buffers in `explain`
+                start = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, p))
+                (total, summed), _ = jax.lax.scan(one, start, (tokens, targets))
+                return total / accum, jax.tree.map(lambda g: g / accum, summed)
 
     if job.step is Step.GRAD:
         def grad_step(p, tokens, targets):  # the module's name, jit_grad_step, as before accumulation
@@ -177,8 +179,9 @@ def build_step(job: CompileJob, devices: list) -> AbstractStep:
 
     def train_step(p, o, tokens, targets):
         loss, grads = loss_and_grads(p, tokens, targets)
-        updates, o = optimizer.update(grads, o, p)
-        return optax.apply_updates(p, updates), o, loss
+        with jax.named_scope(OPTIMIZER_SCOPE):
+            updates, o = optimizer.update(grads, o, p)
+            return optax.apply_updates(p, updates), o, loss
 
     fn = jax.jit(train_step, out_shardings=(p_shardings, o_shardings, replicated), donate_argnums=(0, 1))
     return AbstractStep(fn, (params, opt_state, batch, batch), count)

@@ -61,7 +61,7 @@ allocation 4: size 2048, color 5, page 0, preallocated-temp:
 
 def test_hlo_and_live_ranges_are_read_and_named():
     hlo = parse_hlo(HLO)
-    assert hlo["fusion.7"][0].startswith("(bf16[2,4,16]")
+    assert hlo.instrs["fusion.7"].shape.startswith("(bf16[2,4,16]")
     length, ranges = parse_live_range(LIVE)
     assert length == 10 and ranges["fusion.7{1}"] == (3, 8) and len(ranges) == 6
     act = name_buffer("fusion.7{0}", 256, hlo)
@@ -85,6 +85,55 @@ def test_hlo_and_live_ranges_are_read_and_named():
     stacked = dataclasses.replace(act, layer=None, op_name=(
         "jit(train_step)/transpose(jvp())/while/body/layers15-34/position4/mlp_hidden/dot_general"))
     assert stacked.layer_label == "15-34, pos 4"
+
+
+# A while loop (a layer's backward scan): the body's parameter carries a counter, a value the
+# body computes (element 1 of a two-output fusion, "fusion.9#1") and one it passes on as it is;
+# the loop starts from a buffer allocated for it to fill. Then the step's own work.
+LOOP_HLO = """%body.1 (wide.param.5: (s32[], f32[4,8], f32[4,8])) -> (s32[], f32[4,8], f32[4,8]) {
+  %wide.param.5 = (s32[]{:T(128)}, f32[4,8]{1,0}, /*index=2*/f32[4,8]{1,0}) parameter(0)
+  %get-tuple-element.1 = s32[]{:T(128)} get-tuple-element(%wide.param.5), index=0
+  %get-tuple-element.2 = f32[4,8]{1,0} get-tuple-element(%wide.param.5), index=1
+  %get-tuple-element.3 = f32[4,8]{1,0} get-tuple-element(%wide.param.5), index=2
+  %fusion.9 = (f32[4,8]{1,0}, f32[4,8]{1,0}) fusion(%get-tuple-element.2), kind=kLoop, metadata={op_name="jit(train_step)/transpose(jvp(layer2))/while/body/mlp_out/add"}
+  %add.4 = s32[]{:T(128)} add(%get-tuple-element.1, %get-tuple-element.1)
+  ROOT %tuple.6 = (s32[]{:T(128)}, f32[4,8]{1,0}, f32[4,8]{1,0}) tuple(%add.4, %fusion.9#1, %get-tuple-element.3)
+}
+
+ENTRY %main (param.1: f32[4,8]) -> f32[4,8] {
+  %param.1 = f32[4,8]{1,0} parameter(0), metadata={op_name="p[\\'w\\']"}
+  %custom-call.2 = f32[4,8]{1,0} custom-call(), custom_call_target="AllocateBuffer"
+  %constant.3.clone..sunk = s32[]{:T(128)} constant(0)
+  %tuple.4 = (s32[]{:T(128)}, f32[4,8]{1,0}, f32[4,8]{1,0}) tuple(%constant.3.clone..sunk, %custom-call.2, %param.1)
+  %while.5 = (s32[]{:T(128)}, f32[4,8]{1,0}, f32[4,8]{1,0}) while(%tuple.4), condition=%cond.1, body=%body.1, metadata={op_name="jit(train_step)/transpose(jvp(layer2))/while"}
+  %constant.7.clone = f32[4,8]{1,0} constant({...})
+  %add.8 = f32[4,8]{1,0} add(%param.1, %param.1), metadata={op_name="jit(train_step)/optimizer_update/add"}
+  ROOT %add.9 = f32[4,8]{1,0} add(%add.8, %add.8), metadata={op_name="jit(train_step)/grad_accum/while/body/eval_jaxpr/add"}
+}
+"""
+
+
+def test_what_a_loop_carries_is_named_after_what_its_body_passes_on():
+    hlo = parse_hlo(LOOP_HLO)
+    assert hlo.loops["while.5"] == ("add.4", "fusion.9#1", "get-tuple-element.3")
+    assert hlo.carries["wide.param.5"] == "while.5" and hlo.inits["custom-call.2"] == ("while.5", 1)
+
+    def named(value):
+        b = name_buffer(value, 128, hlo)
+        return b.label, b.layer, b.shape
+
+    # The carried value the body computes: its (second) output's name, layer and tensor.
+    assert named("wide.param.5{1}") == ("backward mlp_out add", 2, "f32[4,8]")
+    # The buffer the loop fills has no source of its own: it is the same carried value.
+    assert named("custom-call.2{}") == ("backward mlp_out add", 2, "f32[4,8]")
+    # Passed on unchanged, or a counter: named after the loop itself.
+    assert named("wide.param.5{2}") == ("backward while", 2, "f32[4,8]")
+    assert named("constant.3.clone..sunk{}")[:2] == ("backward while", 2)
+    # No op name anywhere: the opcode, without the compiler's numbering and suffixes.
+    assert named("constant.7.clone{}") == ("other constant", None, "f32[4,8]")
+    # The step's own work, by the name scopes build.py opens.
+    assert named("add.8{}")[0] == "optimizer update add"
+    assert named("add.9{}")[0] == "gradient accumulation add"
 
 
 def test_hbm_live_bytes_leave_out_other_memory_spaces_and_count_a_shared_address_once():
@@ -146,10 +195,16 @@ def test_explain_dump_sizes_host_memory_beside_hbm(tmp_path):
         in diff_notes((checkpoint, none), (m, e))
     assert not [n for n in diff_notes((checkpoint, none), (checkpoint, none)) if n.startswith("Host")]
     # An answer stored before memprobe read host memory loads without it, and says nothing of it.
-    old = Explanation.from_dict({k: v for k, v in e.to_dict().items() if not k.startswith(("host", "combined"))})
+    old = Explanation.from_dict({k: v for k, v in e.to_dict().items()
+                                 if not k.startswith(("host", "combined", "names_loops"))})
     assert old.host_peak_live_bytes is None and old.host_curve == [] and old.host_buffers is None
     assert Explanation.from_dict(e.to_dict()) == e  # a fresh answer reads back whole
     assert not [n for n in explain_notes(m, old) if n.startswith("Host memory")]
+    # A fresh answer says it named the step's scopes and followed loops; one stored before
+    # (a committed report's JSON) does not claim what its names were not made with.
+    fresh, before = (next(n for n in explain_notes(m, x) if n.startswith("what: ")) for x in (e, old))
+    assert e.names_loops and "what a loop carries" in fresh and "optimizer update" in fresh
+    assert not old.names_loops and "loop" not in before and "optimizer update" not in before
     # The chart draws the host curve where there is one, and only then.
     with_host, without = curve_png([(m, e)]), curve_png([(m, old)])
     assert with_host[:8] == without[:8] == b"\x89PNG\r\n\x1a\n" and with_host != without
@@ -212,6 +267,10 @@ def test_the_widest_activation_is_listed_first_with_its_shape_and_size(explained
         params = [b for b in e["buffers"] if b["kind"] == "parameter"]
         assert params and all("\\" not in b["op_name"] for b in e["buffers"])
         assert any(b["op_name"].startswith("p['layers'][") for b in params)
+        # Nearly every byte is named in the model's or the step's terms (what loops carry and
+        # the buffers they fill included): under 1% is left "other".
+        other = sum(b["bytes"] for b in e["buffers"] if b["kind"] == "other")
+        assert other < 0.01 * e["peak_live_bytes"], other
 
 
 def test_diff_puts_the_difference_on_the_saved_activations(explained):

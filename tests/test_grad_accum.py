@@ -8,9 +8,10 @@ import json
 import pytest
 
 import memprobe
-from memprobe.compile import compile_job
+from memprobe.compile import compile_job, explain_job
 from memprobe.errors import BadInput
 from memprobe.plan import Step, make_plan
+from memprobe.liveness import Explanation
 from memprobe.result import Result, measurement_from_json
 from memprobe.strategy import load_catalogue, select
 from memprobe.targets import resolve_target
@@ -40,6 +41,17 @@ def test_accumulating_keeps_one_microbatch_live_for_the_same_work():
     # stays above a step of that one microbatch alone, which keeps no running sum of gradients.
     assert one.peak_bytes < accumulated.peak_bytes < whole.peak_bytes
     assert whole.peak_bytes - accumulated.peak_bytes > 0.2 * (whole.peak_bytes - one.peak_bytes)
+
+
+def test_explain_names_the_running_sum_of_gradients():
+    # The accumulation loop's carry (the running sum, one buffer per parameter) is named after
+    # the sum the loop body computes, apart from the forward and backward work.
+    m, answer = explain_job(job(resolve_target("v5p", 4), 512, 1, 4))
+    assert m.ok and m.peak_bytes == on_tpu(1, 4).peak_bytes
+    buffers = Explanation.from_dict(answer).buffers
+    summed = [b for b in buffers if b.kind == "gradient accumulation"]
+    assert summed and any(b.label == "gradient accumulation add" for b in summed)
+    assert sum(b.bytes for b in buffers if b.kind == "other") < 0.01 * sum(b.bytes for b in buffers)
 
 
 def test_a_grad_step_returns_the_mean_gradients_of_its_microbatches():
