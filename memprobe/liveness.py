@@ -49,8 +49,9 @@ element a ``get-tuple-element`` or a ``name#k`` operand picks. A value a while l
 has no metadata either, whether it is the body's parameter or the buffer the loop starts
 from (an ``AllocateBuffer`` custom call, a copy): it takes the name of what the body passes
 on in its place, else the loop's own. Before memprobe followed loops, these were 18% of the
-bytes live at tiny E2B ``scan-checkpoint``'s peak (v5p, seq 1024 x 2), and the largest
-single buffer of full-size E2B ``checkpoint`` at seq 24576 x 8 (9 GiB, "other copy").
+bytes live at tiny E2B ``scan-checkpoint``'s peak (v5p, seq 1024 x 2) and 16.78 GiB of
+full-size E2B's at seq 24576 x 8 (11.06 GiB after; what is left there includes a 9 GiB
+copy whose source is not reached).
 """
 
 from __future__ import annotations
@@ -226,7 +227,8 @@ class Hlo:
     instrs: dict[str, Instr]
     loops: dict[str, tuple[str, ...]]  # a while -> its body's root operands (what each trip passes on)
     carries: dict[str, str]  # a while body's parameter -> the while
-    inits: dict[str, tuple[str, int]]  # an operand of a while's initial tuple -> (the while, its position)
+    # An operand of a while's initial tuple, (name, index: (k,) for "name#k"), -> (the while, its position).
+    inits: dict[tuple[str, tuple[int, ...]], tuple[str, int]]
 
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+) \(")
@@ -268,7 +270,8 @@ def parse_hlo(text: str) -> Hlo:
         carries.update(dict.fromkeys(params.get(body, ()), loop))
         start = instrs.get(next(iter(instrs[loop].operands), ""))
         for k, operand in enumerate(start.operands if start and start.opcode == "tuple" else ()):
-            inits.setdefault(operand, (loop, k))
+            name, _, element = operand.partition("#")
+            inits.setdefault((name, (int(element),) if element else ()), (loop, k))
     return Hlo(instrs, loops, carries, inits)
 
 
@@ -445,6 +448,11 @@ def _kind(op_name: str) -> str:
     return "other"
 
 
+# An op name the compiler made from an instruction's name ("reshape.182", "broadcast.1063")
+# rather than one JAX wrote: it says nothing of the model, so the source is followed on.
+_XLA_MADE = re.compile(r"[\w\-]+(?:\.\d+)+")
+
+
 def _source(hlo: Hlo, instr: str | None, index: list[int], seen: set) -> str:
     """The JAX op name that says what (``instr``, ``index``) holds: its own, else its source's
     (copies, gathers, tuple elements). A value a while loop carries, as the body's parameter
@@ -460,15 +468,15 @@ def _source(hlo: Hlo, instr: str | None, index: list[int], seen: set) -> str:
         rec = hlo.instrs.get(instr)
         if rec is None:
             break
-        if rec.op_name:
+        if rec.op_name and not _XLA_MADE.fullmatch(rec.op_name):
             return rec.op_name
         if rec.opcode == "get-tuple-element" and rec.operands:
             instr, index = rec.operands[0], [rec.index, *index]
             continue
         if instr in hlo.carries and index:
             return _carried(hlo, hlo.carries[instr], index[0], index[1:], seen)
-        if start is None and instr in hlo.inits:
-            start = (*hlo.inits[instr], index)
+        if start is None and (instr, tuple(index)) in hlo.inits:
+            start = (*hlo.inits[(instr, tuple(index))], [])
         instr, index = (rec.operands[0] if rec.operands else None), []  # copies, gathers: their source
     return _carried(hlo, *start, seen) if start else ""
 

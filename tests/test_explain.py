@@ -104,7 +104,8 @@ ENTRY %main (param.1: f32[4,8]) -> f32[4,8] {
   %param.1 = f32[4,8]{1,0} parameter(0), metadata={op_name="p[\\'w\\']"}
   %custom-call.2 = f32[4,8]{1,0} custom-call(), custom_call_target="AllocateBuffer"
   %constant.3.clone..sunk = s32[]{:T(128)} constant(0)
-  %tuple.4 = (s32[]{:T(128)}, f32[4,8]{1,0}, f32[4,8]{1,0}) tuple(%constant.3.clone..sunk, %custom-call.2, %param.1)
+  %loop_broadcast_fusion.5 = (f32[4,8]{1,0}, f32[4,8]{1,0}) fusion(), kind=kLoop, metadata={op_name="broadcast.1063"}
+  %tuple.4 = (s32[]{:T(128)}, f32[4,8]{1,0}, f32[4,8]{1,0}) tuple(%constant.3.clone..sunk, %custom-call.2, %loop_broadcast_fusion.5#1)
   %while.5 = (s32[]{:T(128)}, f32[4,8]{1,0}, f32[4,8]{1,0}) while(%tuple.4), condition=%cond.1, body=%body.1, metadata={op_name="jit(train_step)/transpose(jvp(layer2))/while"}
   %constant.7.clone = f32[4,8]{1,0} constant({...})
   %add.8 = f32[4,8]{1,0} add(%param.1, %param.1), metadata={op_name="jit(train_step)/optimizer_update/add"}
@@ -116,7 +117,7 @@ ENTRY %main (param.1: f32[4,8]) -> f32[4,8] {
 def test_what_a_loop_carries_is_named_after_what_its_body_passes_on():
     hlo = parse_hlo(LOOP_HLO)
     assert hlo.loops["while.5"] == ("add.4", "fusion.9#1", "get-tuple-element.3")
-    assert hlo.carries["wide.param.5"] == "while.5" and hlo.inits["custom-call.2"] == ("while.5", 1)
+    assert hlo.carries["wide.param.5"] == "while.5" and hlo.inits[("custom-call.2", ())] == ("while.5", 1)
 
     def named(value):
         b = name_buffer(value, 128, hlo)
@@ -126,6 +127,9 @@ def test_what_a_loop_carries_is_named_after_what_its_body_passes_on():
     assert named("wide.param.5{1}") == ("backward mlp_out add", 2, "f32[4,8]")
     # The buffer the loop fills has no source of its own: it is the same carried value.
     assert named("custom-call.2{}") == ("backward mlp_out add", 2, "f32[4,8]")
+    # So is element 1 of a fusion that starts the loop, whose op name the compiler made up.
+    assert named("loop_broadcast_fusion.5{1}") == ("backward while", 2, "f32[4,8]")
+    assert named("loop_broadcast_fusion.5{0}") == ("other loop_broadcast_fusion", None, "f32[4,8]")
     # Passed on unchanged, or a counter: named after the loop itself.
     assert named("wide.param.5{2}") == ("backward while", 2, "f32[4,8]")
     assert named("constant.3.clone..sunk{}")[:2] == ("backward while", 2)
