@@ -235,6 +235,12 @@ _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+) \(")
 _OPERAND = re.compile(r"%?([\w.\-]+(?:#\d+)?)\s*$")  # "name#k": element k of name's tuple
 
 
+def _element_of(operand: str) -> tuple[str, tuple[int, ...]]:
+    """An operand as (instruction, index): "fusion.9#1" is element (1,) of fusion.9."""
+    name, _, element = operand.partition("#")
+    return name, (int(element),) if element else ()
+
+
 def parse_hlo(text: str) -> Hlo:
     """Every instruction of every computation (shape, op name, opcode, operands), and per while
     loop its body's parameter, the tuple its body returns and the tuple it starts from."""
@@ -270,8 +276,7 @@ def parse_hlo(text: str) -> Hlo:
         carries.update(dict.fromkeys(params.get(body, ()), loop))
         start = instrs.get(next(iter(instrs[loop].operands), ""))
         for k, operand in enumerate(start.operands if start and start.opcode == "tuple" else ()):
-            name, _, element = operand.partition("#")
-            inits.setdefault((name, (int(element),) if element else ()), (loop, k))
+            inits.setdefault(_element_of(operand), (loop, k))
     return Hlo(instrs, loops, carries, inits)
 
 
@@ -462,8 +467,8 @@ def _source(hlo: Hlo, instr: str | None, index: list[int], seen: set) -> str:
     while instr is not None and (instr, tuple(index)) not in seen:
         seen.add((instr, tuple(index)))
         if "#" in instr:
-            instr, element = instr.split("#", 1)
-            index = [int(element), *index]
+            instr, element = _element_of(instr)
+            index = [*element, *index]
             continue
         rec = hlo.instrs.get(instr)
         if rec is None:

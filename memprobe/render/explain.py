@@ -223,14 +223,14 @@ def _host_diff_note(a: tuple[Measurement, Explanation], b: tuple[Measurement, Ex
             f"{_amount(eb.host_peak_live_bytes - ea.host_peak_live_bytes, sign=True)}."]
 
 
-_WHAT = ("what: forward/backward work (from the JAX op name: jvp/transpose), the optimizer update or "
-         "gradient accumulation, the model tensor scope (mlp_hidden, query_proj, ...) and the operation; "
-         "parameter/optimizer state rows name the argument. Buffers whose instruction has no op name take "
-         "their source's; what a loop carries, what its body passes on (else the loop's).")
-# An answer stored before memprobe named the step's scopes and followed loops says what it did.
-_WHAT_BEFORE_LOOPS = ("what: forward/backward work (from the JAX op name: jvp/transpose), the model tensor "
-                      "scope (mlp_hidden, query_proj, ...) and the operation; parameter/optimizer state rows "
-                      "name the argument. Buffers whose instruction has no op name take their source's.")
+def _what_note(names_loops: bool) -> str:
+    """What the "what" column says; an answer stored before memprobe named the step's scopes and
+    followed loops (``names_loops`` False) says only what it did."""
+    step = " the optimizer update or gradient accumulation," if names_loops else ""
+    loops = "; what a loop carries, what its body passes on (else the loop's)" if names_loops else ""
+    return (f"what: forward/backward work (from the JAX op name: jvp/transpose),{step} the model tensor scope "
+            "(mlp_hidden, query_proj, ...) and the operation; parameter/optimizer state rows name the "
+            f"argument. Buffers whose instruction has no op name take their source's{loops}.")
 
 
 def explain_notes(m: Measurement, e: Explanation, command: str | None = None) -> list[str]:
@@ -244,7 +244,7 @@ def explain_notes(m: Measurement, e: Explanation, command: str | None = None) ->
            f"The rest of the peak is not a buffer live in {_memory(m)} there: {rest}.",
            *_xla_peak_note(m, e),
            *_host_note(e),
-           _WHAT if e.names_loops else _WHAT_BEFORE_LOOPS]
+           _what_note(e.names_loops)]
     if not m.stands_for_accelerator:
         out.append("CPU backend figures: they do not stand for any accelerator.")
     out.append(versions_line(m))
