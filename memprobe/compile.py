@@ -173,11 +173,17 @@ def trace_job(job: CompileJob) -> int:
     return matmul_flops(step.fn.trace(*step.args).jaxpr)
 
 
-def explain_job(job: CompileJob) -> tuple[Measurement, dict]:
-    """Compiles one job with the compiler's dump files on, and reads what is live at the peak."""
+def explain_job(job: CompileJob, within: str | None = None) -> tuple[Measurement, dict]:
+    """Compiles one job with the compiler's dump files on, and reads what is live at the peak.
+
+    The dump goes in a fresh folder under ``within`` (the system's temporary folder if None),
+    removed when done. A compile process passes the folder its parent owns, so that a killed
+    compile (timeout, Ctrl-C, the host-memory cap) does not leave its dump behind: the
+    parent removes that folder however the child ended.
+    """
     from memprobe.liveness import explain_dump
 
-    with tempfile.TemporaryDirectory(prefix="memprobe-dump-") as dump:
+    with tempfile.TemporaryDirectory(prefix="memprobe-dump-", dir=within) as dump:
         m = compile_job(job, compiler_options={"xla_dump_to": dump})
         return m, explain_dump(Path(dump)).to_dict()
 
@@ -213,7 +219,7 @@ def _worker_main(job_path: str, result_path: str, mode: str = "compile", parent:
         else:
             explanation = None
             if mode == "explain":
-                m, explanation = explain_job(job)
+                m, explanation = explain_job(job, within=os.path.dirname(os.path.abspath(job_path)))
             else:
                 m = compile_job(job)
             import resource  # peak resident memory of this whole compile process, for the record

@@ -155,3 +155,30 @@ def test_a_stopped_run_says_which_results_it_kept(tmp_path):
     longer = subprocess.run([*args[:9], "512", *args[10:]], capture_output=True, text=True, env=env, timeout=300)
     assert longer.returncode == 0, longer.stderr
     assert f"memprobe: unrolled: compiling (took {took} here last time, at seq 256 x 1)\n" in longer.stderr
+
+
+def test_a_stopped_explain_leaves_no_dump_behind(tmp_path, monkeypatch):
+    # An explain writes the compiler's dump files (tens of MB for a tiny model, far more at
+    # full size). A compile killed part-way cannot remove them itself, so they must lie in
+    # the folder memprobe removes however the compile ended.
+    import tempfile
+
+    from memprobe.compile import Stopped, explain_isolated
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the compile process makes folders
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # and this one
+    [job] = jobs_for("tiny-e2b", resolve_target("cpu", 1), seq=512, batch=1, strategies=["unrolled"]).values()
+    stop = threading.Event()
+
+    def stop_once_dumping():  # once the compiler has written its first dump file
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(tmp_path.rglob("memprobe-dump-*/*")):
+            time.sleep(0.02)
+        stop.set()
+
+    t = threading.Thread(target=stop_once_dumping)
+    t.start()
+    with pytest.raises(Stopped):
+        explain_isolated(job, stop=stop)
+    t.join()
+    assert list(tmp_path.iterdir()) == []
