@@ -229,6 +229,12 @@ class Hlo:
     carries: dict[str, str]  # a while body's parameter -> the while
     # An operand of a while's initial tuple, (name, index: (k,) for "name#k"), -> (the while, its position).
     inits: dict[tuple[str, tuple[int, ...]], tuple[str, int]]
+    # A parameter of a computation that a call, async-start or fusion runs -> the caller's
+    # operand it stands for. (TPU runs layout copies on its SparseCores that way: a copy
+    # nested two calls deep whose only source is the caller's operand.)
+    passes: dict[str, str] = dataclasses.field(default_factory=dict)
+    # A call or async-start -> the root of the computation it runs (what its result holds).
+    returns: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+) \(")
@@ -245,6 +251,7 @@ def parse_hlo(text: str) -> Hlo:
     """Every instruction of every computation (shape, op name, opcode, operands), and per while
     loop its body's parameter, the tuple its body returns and the tuple it starts from."""
     instrs, params, roots, bodies = {}, defaultdict(list), {}, {}
+    numbered, calls = defaultdict(dict), {}  # computation -> {parameter number: name}; caller -> computation
     computation = ""
     for line in text.splitlines():
         m = _INSTR.match(line)
@@ -265,6 +272,10 @@ def parse_hlo(text: str) -> Hlo:
                              int(index.group(1)) if index else None)
         if opcode == "parameter":
             params[computation].append(name)
+            if (number := re.match(r"parameter\((\d+)\)", after)):
+                numbered[computation][int(number.group(1))] = name
+        if opcode in _CALLERS and (callee := re.search(r"\b(?:to_apply|calls)=%?([\w.\-]+)", after)):
+            calls[name] = callee.group(1)
         if line.lstrip().startswith("ROOT "):
             roots[computation] = name
         if opcode == "while" and (body := re.search(r"\bbody=%?([\w.\-]+)", after)):
@@ -277,7 +288,24 @@ def parse_hlo(text: str) -> Hlo:
         start = instrs.get(next(iter(instrs[loop].operands), ""))
         for k, operand in enumerate(start.operands if start and start.opcode == "tuple" else ()):
             inits.setdefault(_element_of(operand), (loop, k))
-    return Hlo(instrs, loops, carries, inits)
+    # An async-start may take no operands itself (TPU's SparseCore calls): the async-update
+    # after it passes them on, and they are the start's for naming.
+    for update in [i for i in instrs.values() if i.opcode == "async-update" and len(i.operands) > 1]:
+        start = instrs.get(update.operands[0])
+        if start and start.opcode == "async-start" and not start.operands:
+            instrs[update.operands[0]] = start._replace(operands=update.operands[1:])
+    passes, returns = {}, {}
+    for caller, callee in calls.items():
+        operands = instrs[caller].operands
+        for k, param in numbered.get(callee, {}).items():
+            if k < len(operands):
+                passes.setdefault(param, operands[k])
+        if instrs[caller].opcode != "fusion" and callee in roots:
+            returns[caller] = roots[callee]
+    return Hlo(instrs, loops, carries, inits, passes, returns)
+
+
+_CALLERS = ("call", "async-start", "fusion")  # those whose callee's parameter k is operand k
 
 
 def _element(shape: str, index: list[int]) -> str:
@@ -480,10 +508,29 @@ def _source(hlo: Hlo, instr: str | None, index: list[int], seen: set) -> str:
             continue
         if instr in hlo.carries and index:
             return _carried(hlo, hlo.carries[instr], index[0], index[1:], seen)
+        if instr in hlo.passes:  # a called computation's parameter: what its caller passes
+            instr = hlo.passes[instr]
+            continue
+        if rec.opcode == "async-done":  # the result of what its async-start runs
+            start = _async_start(hlo, instr)
+            if start in hlo.returns:
+                instr = hlo.returns[start]
+                continue
+        if rec.opcode == "call" and instr in hlo.returns:
+            instr = hlo.returns[instr]
+            continue
         if start is None and (instr, tuple(index)) in hlo.inits:
             start = (*hlo.inits[(instr, tuple(index))], [])
         instr, index = (rec.operands[0] if rec.operands else None), []  # copies, gathers: their source
     return _carried(hlo, *start, seen) if start else ""
+
+
+def _async_start(hlo: Hlo, done: str) -> str | None:
+    """The async-start an async-done ends, through any async-updates between."""
+    instr = done
+    while (rec := hlo.instrs.get(instr)) and rec.opcode in ("async-done", "async-update") and rec.operands:
+        instr = rec.operands[0]
+    return instr if rec and rec.opcode == "async-start" else None
 
 
 def _carried(hlo: Hlo, loop: str, k: int, index: list[int], seen: set) -> str:

@@ -140,6 +140,60 @@ def test_what_a_loop_carries_is_named_after_what_its_body_passes_on():
     assert named("add.9{}")[0] == "gradient accumulation add"
 
 
+# tpu7x runs some layout copies on its SparseCores: the copy sits two calls deep, its only
+# source the caller's operand, and the async-start passes nothing itself: its async-update
+# does. At full size (E2B, seq 24576 x 8) such a copy held 9 GiB of MLP hidden with no name.
+CALL_HLO = """%called_computation.2 (param_0.3: f32[4,8], param_1.3: f32[4,8]) -> f32[4,8] {
+  %param_1.3 = f32[4,8]{1,0} parameter(1)
+  %param_0.3 = f32[4,8]{1,0} parameter(0)
+  ROOT %copy.4 = f32[4,8]{0,1} copy(%param_1.3)
+}, execution_thread="sparsecore"
+
+%async_computation.5 (param_0.6: f32[4,8], param_1.6: f32[4,8]) -> f32[4,8] {
+  %param_0.6 = f32[4,8]{1,0} parameter(0)
+  %param_1.6 = f32[4,8]{1,0} parameter(1)
+  ROOT %copy.7.cloned.1 = f32[4,8]{0,1} call(%param_0.6, %param_1.6), to_apply=%called_computation.2
+}, execution_thread="sparsecore"
+
+ENTRY %main (param.1: f32[4,8], param.2: f32[4,8]) -> f32[4,8] {
+  %param.1 = f32[4,8]{1,0} parameter(0), metadata={op_name="p[\\'w\\']"}
+  %param.2 = f32[4,8]{1,0} parameter(1)
+  %fusion.8 = f32[4,8]{1,0} fusion(%param.2), kind=kLoop, calls=%fused.9, metadata={op_name="jit(train_step)/transpose(jvp(layer3))/mlp_hidden/mul"}
+  %copy.7.cloned.1.call-start = ((), (), (s32[1]{0})) async-start(), async_execution_thread="sparsecore", calls=%async_computation.5
+  %copy.7.cloned.1.call-update = ((f32[4,8]{1,0}, f32[4,8]{1,0}), f32[4,8]{0,1}) async-update(%copy.7.cloned.1.call-start, %param.1, %fusion.8)
+  ROOT %copy.7.cloned.1.call-done = f32[4,8]{0,1} async-done(%copy.7.cloned.1.call-update)
+}
+"""
+
+
+def test_a_copy_in_a_called_computation_is_named_after_what_its_caller_passes():
+    hlo = parse_hlo(CALL_HLO)
+    # Parameters by their number, not the order printed; the start's operands from its update.
+    assert hlo.passes["param_1.3"] == "param_1.6" and hlo.passes["param_1.6"] == "fusion.8"
+    b = name_buffer("copy.4{}", 128, hlo)
+    assert (b.label, b.layer, b.shape) == ("backward mlp_hidden mul", 3, "f32[4,8]")
+    # What the async call returns is that copy too, not its first operand.
+    assert hlo.returns["copy.7.cloned.1.call-start"] == "copy.7.cloned.1"
+    assert name_buffer("copy.7.cloned.1.call-done{}", 128, hlo).label == "backward mlp_hidden mul"
+
+
+def test_on_tpu7x_what_sparsecores_copy_and_reduce_is_named_too():
+    # tpu7x, the default target, hands layout copies and collectives to its SparseCores as
+    # async calls. A real compile: all that explain may leave "other" is the compiler's own
+    # scalar constants, and the SparseCores' work is named in the model's terms.
+    from conftest import jobs_for
+    from memprobe.compile import explain_job
+    from memprobe.targets import resolve_target
+
+    [job] = jobs_for("tiny-e2b", resolve_target("tpu7x"), seq=1024, batch=2, strategies=["checkpoint"]).values()
+    m, answer = explain_job(job)
+    e = Explanation.from_dict(answer)
+    assert m.ok and e.peak_live_bytes > 0
+    assert [b for b in e.buffers if b.kind == "other" and b.bytes > 512] == []
+    called = [b for b in e.buffers if ".call-" in b.value]  # what the async calls start and finish
+    assert called and all(b.kind in ("forward", "backward", "parameter") for b in called), called
+
+
 def test_hbm_live_bytes_leave_out_other_memory_spaces_and_count_a_shared_address_once():
     length, ranges = parse_live_range(LIVE)
     placed = parse_assignment(ASSIGNMENT)
