@@ -11,11 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import jobs_for
+from memprobe.compile import explain_job
 from memprobe.liveness import (Buffer, Explained, Explanation, diff, explain_dump, name_buffer, parse_assignment,
                                parse_hlo, parse_live_range, sweep)
 from memprobe.measure import Measurement
-from memprobe.render.explain import curve_png, diff_notes, explain_notes, host_frame, host_notes, write
 from memprobe.model import PRESETS
+from memprobe.render.explain import curve_png, diff_notes, explain_notes, host_frame, host_notes, write
+from memprobe.targets import resolve_target
 
 HLO = """ENTRY %main (param.1: f32[4,8]) -> f32[4,8] {
   %param.1 = f32[4,8]{1,0:T(8,128)} parameter(0), metadata={op_name="p[\\'layers\\'][3][\\'mlp\\'][\\'down\\'].value"}
@@ -181,10 +184,6 @@ def test_on_tpu7x_what_sparsecores_copy_and_reduce_is_named_too():
     # tpu7x, the default target, hands layout copies and collectives to its SparseCores as
     # async calls. A real compile: all that explain may leave "other" is the compiler's own
     # scalar constants, and the SparseCores' work is named in the model's terms.
-    from conftest import jobs_for
-    from memprobe.compile import explain_job
-    from memprobe.targets import resolve_target
-
     [job] = jobs_for("tiny-e2b", resolve_target("tpu7x"), seq=1024, batch=2, strategies=["checkpoint"]).values()
     m, answer = explain_job(job)
     e = Explanation.from_dict(answer)
