@@ -238,6 +238,7 @@ class Hlo:
 
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+) \(")
+_CALLERS = ("call", "async-start", "fusion")  # those whose callee's parameter k is their operand k
 _OPERAND = re.compile(r"%?([\w.\-]+(?:#\d+)?)\s*$")  # "name#k": element k of name's tuple
 
 
@@ -248,8 +249,9 @@ def _element_of(operand: str) -> tuple[str, tuple[int, ...]]:
 
 
 def parse_hlo(text: str) -> Hlo:
-    """Every instruction of every computation (shape, op name, opcode, operands), and per while
-    loop its body's parameter, the tuple its body returns and the tuple it starts from."""
+    """Every instruction of every computation (shape, op name, opcode, operands); per while
+    loop its body's parameter, the tuple its body returns and the tuple it starts from; per
+    call, async-start or fusion what its callee's parameters stand for and what it returns."""
     instrs, params, roots, bodies = {}, defaultdict(list), {}, {}
     numbered, calls = defaultdict(dict), {}  # computation -> {parameter number: name}; caller -> computation
     computation = ""
@@ -303,9 +305,6 @@ def parse_hlo(text: str) -> Hlo:
         if instrs[caller].opcode != "fusion" and callee in roots:
             returns[caller] = roots[callee]
     return Hlo(instrs, loops, carries, inits, passes, returns)
-
-
-_CALLERS = ("call", "async-start", "fusion")  # those whose callee's parameter k is operand k
 
 
 def _element(shape: str, index: list[int]) -> str:

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import jobs_for
-from memprobe.compile import compile_jobs
+from memprobe.compile import Stopped, compile_jobs, explain_isolated
 from memprobe.targets import resolve_target
 from test_cli import memprobe
 
@@ -161,10 +162,6 @@ def test_a_stopped_explain_leaves_no_dump_behind(tmp_path, monkeypatch):
     # An explain writes the compiler's dump files (tens of MB for a tiny model, far more at
     # full size). A compile killed part-way cannot remove them itself, so they must lie in
     # the folder memprobe removes however the compile ended.
-    import tempfile
-
-    from memprobe.compile import Stopped, explain_isolated
-
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the compile process makes folders
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # and this one
     [job] = jobs_for("tiny-e2b", resolve_target("cpu", 1), seq=512, batch=1, strategies=["unrolled"]).values()
