@@ -511,9 +511,9 @@ def _source(hlo: Hlo, instr: str | None, index: list[int], seen: set) -> str:
             instr = hlo.passes[instr]
             continue
         if rec.opcode == "async-done":  # the result of what its async-start runs
-            start = _async_start(hlo, instr)
-            if start in hlo.returns:
-                instr = hlo.returns[start]
+            begun = _async_start(hlo, instr)
+            if begun in hlo.returns:
+                instr = hlo.returns[begun]
                 continue
         if rec.opcode == "call" and instr in hlo.returns:
             instr = hlo.returns[instr]

@@ -164,6 +164,9 @@ ENTRY %main (param.1: f32[4,8], param.2: f32[4,8]) -> f32[4,8] {
   %fusion.8 = f32[4,8]{1,0} fusion(%param.2), kind=kLoop, calls=%fused.9, metadata={op_name="jit(train_step)/transpose(jvp(layer3))/mlp_hidden/mul"}
   %copy.7.cloned.1.call-start = ((), (), (s32[1]{0})) async-start(), async_execution_thread="sparsecore", calls=%async_computation.5
   %copy.7.cloned.1.call-update = ((f32[4,8]{1,0}, f32[4,8]{1,0}), f32[4,8]{0,1}) async-update(%copy.7.cloned.1.call-start, %param.1, %fusion.8)
+  %param.3 = f32[4,8]{1,0} parameter(2)
+  %all-gather-start.10 = ((f32[4,8]{1,0}), f32[4,8]{1,0}) async-start(%param.3), calls=%elsewhere.11
+  %all-gather-done.12 = f32[4,8]{1,0} async-done(%all-gather-start.10)
   ROOT %copy.7.cloned.1.call-done = f32[4,8]{0,1} async-done(%copy.7.cloned.1.call-update)
 }
 """
@@ -178,6 +181,9 @@ def test_a_copy_in_a_called_computation_is_named_after_what_its_caller_passes():
     # What the async call returns is that copy too, not its first operand.
     assert hlo.returns["copy.7.cloned.1.call-start"] == "copy.7.cloned.1"
     assert name_buffer("copy.7.cloned.1.call-done{}", 128, hlo).label == "backward mlp_hidden mul"
+    # An async call whose computation is not in the text is followed to its operand; with no
+    # name there either, its own name without the numbering is all there is to say.
+    assert name_buffer("all-gather-done.12{}", 128, hlo).label == "other all-gather-done"
 
 
 def test_on_tpu7x_what_sparsecores_copy_and_reduce_is_named_too():
