@@ -48,10 +48,13 @@ path (``p[...]`` parameters, ``o[...]`` optimizer state). Instructions without m
 element a ``get-tuple-element`` or a ``name#k`` operand picks. A value a while loop carries
 has no metadata either, whether it is the body's parameter or the buffer the loop starts
 from (an ``AllocateBuffer`` custom call, a copy): it takes the name of what the body passes
-on in its place, else the loop's own. Before memprobe followed loops, these were 18% of the
-bytes live at tiny E2B ``scan-checkpoint``'s peak (v5p, seq 1024 x 2) and 16.78 GiB of
-full-size E2B's at seq 24576 x 8 (11.06 GiB after; what is left there includes a 9 GiB
-copy whose source is not reached).
+on in its place, else the loop's own. A value made inside a computation that a ``call`` or
+an ``async-start`` runs (tpu7x's SparseCores run layout copies and collectives that way) takes
+the name of what the caller passes for the parameter it comes from; an ``async-done`` or a
+``call`` holds what its computation's root holds. Before memprobe followed loops, these were
+18% of the bytes live at tiny E2B ``scan-checkpoint``'s peak (v5p, seq 1024 x 2) and 16.78
+GiB of full-size E2B's at seq 24576 x 8; 11.06 GiB with loops followed, three SparseCore
+copies, and none but 512-byte scalars with calls followed too.
 """
 
 from __future__ import annotations
@@ -293,9 +296,9 @@ def parse_hlo(text: str) -> Hlo:
     # An async-start may take no operands itself (TPU's SparseCore calls): the async-update
     # after it passes them on, and they are the start's for naming.
     for update in [i for i in instrs.values() if i.opcode == "async-update" and len(i.operands) > 1]:
-        start = instrs.get(update.operands[0])
-        if start and start.opcode == "async-start" and not start.operands:
-            instrs[update.operands[0]] = start._replace(operands=update.operands[1:])
+        begun = instrs.get(update.operands[0])
+        if begun and begun.opcode == "async-start" and not begun.operands:
+            instrs[update.operands[0]] = begun._replace(operands=update.operands[1:])
     passes, returns = {}, {}
     for caller, callee in calls.items():
         operands = instrs[caller].operands
@@ -489,8 +492,9 @@ def _source(hlo: Hlo, instr: str | None, index: list[int], seen: set) -> str:
     """The JAX op name that says what (``instr``, ``index``) holds: its own, else its source's
     (copies, gathers, tuple elements). A value a while loop carries, as the body's parameter
     or as what the loop starts from (a buffer allocated for the loop to fill has no other
-    source), is named after what the body passes on in its place, else after the loop."""
-    start = None
+    source), is named after what the body passes on in its place, else after the loop. A
+    called computation's parameter is what its caller passes; a call's result, its root's."""
+    loop_start = None
     while instr is not None and (instr, tuple(index)) not in seen:
         seen.add((instr, tuple(index)))
         if "#" in instr:
@@ -518,10 +522,10 @@ def _source(hlo: Hlo, instr: str | None, index: list[int], seen: set) -> str:
         if rec.opcode == "call" and instr in hlo.returns:
             instr = hlo.returns[instr]
             continue
-        if start is None and (instr, tuple(index)) in hlo.inits:
-            start = (*hlo.inits[(instr, tuple(index))], [])
+        if loop_start is None and (instr, tuple(index)) in hlo.inits:
+            loop_start = (*hlo.inits[(instr, tuple(index))], [])
         instr, index = (rec.operands[0] if rec.operands else None), []  # copies, gathers: their source
-    return _carried(hlo, *start, seen) if start else ""
+    return _carried(hlo, *loop_start, seen) if loop_start else ""
 
 
 def _async_start(hlo: Hlo, done: str) -> str | None:

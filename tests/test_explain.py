@@ -145,7 +145,7 @@ def test_what_a_loop_carries_is_named_after_what_its_body_passes_on():
 
 # tpu7x runs some layout copies on its SparseCores: the copy sits two calls deep, its only
 # source the caller's operand, and the async-start passes nothing itself: its async-update
-# does. At full size (E2B, seq 24576 x 8) such a copy held 9 GiB of MLP hidden with no name.
+# does. At full size (E2B, seq 24576 x 8) such a copy held 9 GiB of gate/up gradient with no name.
 CALL_HLO = """%called_computation.2 (param_0.3: f32[4,8], param_1.3: f32[4,8]) -> f32[4,8] {
   %param_1.3 = f32[4,8]{1,0} parameter(1)
   %param_0.3 = f32[4,8]{1,0} parameter(0)
@@ -188,8 +188,8 @@ def test_a_copy_in_a_called_computation_is_named_after_what_its_caller_passes():
 
 def test_on_tpu7x_what_sparsecores_copy_and_reduce_is_named_too():
     # tpu7x, the default target, hands layout copies and collectives to its SparseCores as
-    # async calls. A real compile: all that explain may leave "other" is the compiler's own
-    # scalar constants, and the SparseCores' work is named in the model's terms.
+    # async calls. A real compile: all that explain may leave "other" is 512-byte scalars (the
+    # compiler's constants, loop counters), and the SparseCores' work is named in the model's terms.
     [job] = jobs_for("tiny-e2b", resolve_target("tpu7x"), seq=1024, batch=2, strategies=["checkpoint"]).values()
     m, answer = explain_job(job)
     e = Explanation.from_dict(answer)
