@@ -186,6 +186,73 @@ def test_a_copy_in_a_called_computation_is_named_after_what_its_caller_passes():
     assert name_buffer("all-gather-done.12{}", 128, hlo).label == "other all-gather-done"
 
 
+# A scan of several trips stacks what each trip outputs. Forward, an offloaded layer input
+# is written by an async dynamic-update-slice with no op name into a buffer allocated before
+# the loop (in host memory); backward, a weight gradient by a fusion whose op name is only
+# the scan's stacking. A loop without metadata hands its outputs on by index. (Full-size E2B
+# scan-layers-offload at seq 24576 x 8 left 11.25 GiB of host stacks "other custom-call" and
+# named 4.71 GiB of stacked gradients after the loop counter's add.)
+STACK_HLO = """%fused_stack (param_0.1: f32[2,4,8], param_1.1: f32[4,8], param_2.1: s32[]) -> f32[2,4,8] {
+  %param_2.1 = s32[]{:T(128)} parameter(2)
+  %param_1.1 = f32[4,8]{1,0} parameter(1)
+  %param_0.1 = f32[2,4,8]{2,1,0} parameter(0)
+  %bitcast.2 = f32[1,4,8]{2,1,0} bitcast(%param_1.1)
+  ROOT %dynamic-update-slice.4 = f32[2,4,8]{2,1,0} dynamic-update-slice(%param_0.1, %bitcast.2, %param_2.1, %param_2.1, %param_2.1)
+}
+
+%async_stack.5 (param_0.5: f32[2,4,8], param_1.5: f32[1,4,8], param_2.5: s32[]) -> f32[2,4,8] {
+  %param_0.5 = f32[2,4,8]{2,1,0:S(5)} parameter(0)
+  %param_1.5 = f32[1,4,8]{2,1,0} parameter(1)
+  %param_2.5 = s32[]{:T(128)} parameter(2)
+  ROOT %dynamic-update-slice.6 = f32[2,4,8]{2,1,0:S(5)} dynamic-update-slice(%param_0.5, %param_1.5, %param_2.5, %param_2.5, %param_2.5)
+}
+
+%body.7 (wide.param.7: (s32[], f32[2,4,8], f32[2,4,8])) -> (s32[], f32[2,4,8], f32[2,4,8]) {
+  %wide.param.7 = (s32[]{:T(128)}, f32[2,4,8]{2,1,0}, f32[2,4,8]{2,1,0:S(5)}) parameter(0)
+  %get-tuple-element.8 = s32[]{:T(128)} get-tuple-element(%wide.param.7), index=0
+  %get-tuple-element.9 = f32[2,4,8]{2,1,0} get-tuple-element(%wide.param.7), index=1
+  %get-tuple-element.10 = f32[2,4,8]{2,1,0:S(5)} get-tuple-element(%wide.param.7), index=2
+  %multiply.11 = f32[4,8]{1,0} multiply(%get-tuple-element.9, %get-tuple-element.9), metadata={op_name="jit(train_step)/jvp()/while/body/eval_jaxpr/layers0-3/position1/reduce_sum"}
+  %bitcast.12 = f32[1,4,8]{2,1,0} bitcast(%multiply.11), metadata={op_name="jit(train_step)/jvp()/while/body/jit(dynamic_update_index_in_dim)/broadcast_in_dim"}
+  %dynamic-update-slice-start.13 = ((f32[2,4,8]{2,1,0:S(5)}, f32[1,4,8]{2,1,0}, s32[]{:T(128)}), f32[2,4,8]{2,1,0:S(5)}, u32[]{:S(2)}) async-start(%get-tuple-element.10, %bitcast.12, %get-tuple-element.8), calls=%async_stack.5
+  %dynamic-update-slice-done.14 = f32[2,4,8]{2,1,0:S(5)} async-done(%dynamic-update-slice-start.13)
+  %multiply.18 = f32[4,8]{1,0} multiply(%get-tuple-element.9, %get-tuple-element.9), metadata={op_name="jit(train_step)/transpose(jvp())/while/body/eval_jaxpr/layers0-3/position0/mlp_out/dot_general"}
+  %fusion.15 = f32[2,4,8]{2,1,0} fusion(%get-tuple-element.9, %multiply.18, %get-tuple-element.8), kind=kLoop, calls=%fused_stack, metadata={op_name="jit(train_step)/transpose(jvp())/while/body/jit(dynamic_update_index_in_dim)/dynamic_update_slice"}
+  %add.16 = s32[]{:T(128)} add(%get-tuple-element.8, %get-tuple-element.8), metadata={op_name="jit(train_step)/jvp()/while/body/add"}
+  ROOT %tuple.17 = (s32[]{:T(128)}, f32[2,4,8]{2,1,0}, f32[2,4,8]{2,1,0:S(5)}) tuple(%add.16, %fusion.15, %dynamic-update-slice-done.14)
+}
+
+ENTRY %main (param.1: f32[2,4,8]) -> f32[2,4,8] {
+  %param.1 = f32[2,4,8]{2,1,0} parameter(0)
+  %custom-call.2 = f32[2,4,8]{2,1,0:S(5)} custom-call(), custom_call_target="AllocateBuffer"
+  %constant.3 = s32[]{:T(128)} constant(0)
+  %tuple.4 = (s32[]{:T(128)}, f32[2,4,8]{2,1,0}, f32[2,4,8]{2,1,0:S(5)}) tuple(%constant.3, %param.1, %custom-call.2)
+  %while.5 = (s32[]{:T(128)}, f32[2,4,8]{2,1,0}, f32[2,4,8]{2,1,0:S(5)}) while(%tuple.4), condition=%cond.19, body=%body.7
+  ROOT %get-tuple-element.6 = f32[2,4,8]{2,1,0} get-tuple-element(%while.5), index=1
+}
+"""
+
+
+def test_a_scans_stacks_are_named_after_what_is_stacked():
+    hlo = parse_hlo(STACK_HLO)
+
+    def named(value):
+        b = name_buffer(value, 256, hlo)
+        return b.label, b.layer_label, b.shape
+
+    offloaded = ("forward reduce_sum", "0-3, pos 1", "f32[2,4,8]")
+    # The buffer set aside before the loop, and the async write that fills it: the layer
+    # input stacked, through the scan's own broadcast (an op name that is no tensor).
+    assert named("custom-call.2{}") == offloaded
+    assert named("dynamic-update-slice.6{}") == offloaded
+    # A loop output, by index, whether read by get-tuple-element or listed as the loop's own:
+    # what the body passes on there (the stacking fusion's update), not the loop counter.
+    gradient = ("backward mlp_out dot_general", "0-3, pos 0", "f32[2,4,8]")
+    assert named("while.5{1}") == gradient
+    assert named("get-tuple-element.6{}") == gradient
+    assert named("fusion.15{}") == gradient
+
+
 def test_on_tpu7x_what_sparsecores_copy_and_reduce_is_named_too():
     # tpu7x, the default target, hands layout copies and collectives to its SparseCores as
     # async calls. A real compile: all that explain may leave "other" is 512-byte scalars (the

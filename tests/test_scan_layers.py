@@ -15,6 +15,7 @@ from conftest import jobs_for
 from memprobe.build import abstract_params, parameter_count
 from memprobe.compile import compile_job, explain_job, trace_job
 from memprobe.flags import sanity_flags
+from memprobe.liveness import Buffer
 from memprobe.model import PRESETS, Transformer
 from memprobe.model._config import _TINY_SIZES, LayerStack, gemma4_small_config
 from memprobe.strategy import load_catalogue
@@ -166,6 +167,12 @@ def test_a_scan_of_several_trips_holds_more_host_memory_than_its_layer_inputs():
     stacked = [b for b in e["host_buffers"] if b["shape"] == f"bf16[{stacks[0].repeats},{row}"]
     assert sum(b["bytes"] for b in stacked) == STACKED.num_layers * hidden_state  # all 8 layer inputs
     assert len(stacked) == sum(s.period for s in stacks)
+    # Each stack is named in the model's terms, by the stack and position whose inputs it
+    # keeps, though only an async dynamic-update-slice with no op name writes it (the old
+    # walk followed the buffer being filled back to itself and said "other").
+    labels = [Buffer(**b).layer_label for b in stacked]
+    assert all(b["kind"] == "forward" for b in stacked), labels
+    assert sorted(labels) == sorted(f"{s.layers[0]}-{s.layers[-1]}, pos {p}" for s in stacks for p in range(s.period))
     # ...and beside them single layer inputs copied out apart (measured: 2, of the second
     # stack), so the host allocation exceeds the layer inputs (5 MiB against 4)...
     single = [b for b in e["host_buffers"] if b["shape"] == f"bf16[{row}"]
