@@ -208,8 +208,9 @@ def host_notes(m: Measurement, e: Explanation) -> list[str]:
             "after the instruction that defines the bytes copied out: XLA fuses a layer's input with the first "
             "work of the layer that reads it, so an offloaded layer input mostly carries that layer's number "
             "(layer 0's: the embedding's scaling). A scan's stacked residuals (first dimension: the stack's trips) "
-            "are named after the loop that writes them (while), the buffer set aside for them before it "
-            "(custom-call) or a dynamic-update-slice.",
+            "are named after the layer input they stack, by the stack's layers and position (15-34, pos 2); "
+            "position 0's input is the previous trip's output, so its stack mostly carries the last "
+            "position's number.",
             *_host_heap_note(m, e)]
 
 
