@@ -225,8 +225,11 @@ STACK_HLO = """%fused_stack (param_0.1: f32[2,4,8], param_1.1: f32[4,8], param_2
 ENTRY %main (param.1: f32[2,4,8]) -> f32[2,4,8] {
   %param.1 = f32[2,4,8]{2,1,0} parameter(0)
   %custom-call.2 = f32[2,4,8]{2,1,0:S(5)} custom-call(), custom_call_target="AllocateBuffer"
+  %custom-call.20 = f32[2,4,8]{2,1,0} custom-call(), custom_call_target="AllocateBuffer"
+  %copy-start.21 = (f32[2,4,8]{2,1,0:S(1)}, f32[2,4,8]{2,1,0}, u32[]{:S(2)}) copy-start(%custom-call.20)
+  %copy-done.22 = f32[2,4,8]{2,1,0:S(1)} copy-done(%copy-start.21)
   %constant.3 = s32[]{:T(128)} constant(0)
-  %tuple.4 = (s32[]{:T(128)}, f32[2,4,8]{2,1,0}, f32[2,4,8]{2,1,0:S(5)}) tuple(%constant.3, %param.1, %custom-call.2)
+  %tuple.4 = (s32[]{:T(128)}, f32[2,4,8]{2,1,0}, f32[2,4,8]{2,1,0:S(5)}) tuple(%constant.3, %copy-done.22, %custom-call.2)
   %while.5 = (s32[]{:T(128)}, f32[2,4,8]{2,1,0}, f32[2,4,8]{2,1,0:S(5)}) while(%tuple.4), condition=%cond.19, body=%body.7
   ROOT %get-tuple-element.6 = f32[2,4,8]{2,1,0} get-tuple-element(%while.5), index=1
 }
@@ -251,6 +254,9 @@ def test_a_scans_stacks_are_named_after_what_is_stacked():
     assert named("while.5{1}") == gradient
     assert named("get-tuple-element.6{}") == gradient
     assert named("fusion.15{}") == gradient
+    # A buffer allocated for the loop but copied (to on-chip memory, on tpu7x) before it
+    # starts is that loop's too: read forward through the copies to the loop's start.
+    assert named("custom-call.20{}") == gradient
 
 
 def test_on_tpu7x_what_sparsecores_copy_and_reduce_is_named_too():
@@ -264,6 +270,22 @@ def test_on_tpu7x_what_sparsecores_copy_and_reduce_is_named_too():
     assert [b for b in e.buffers if b.kind == "other" and b.bytes > 512] == []
     called = [b for b in e.buffers if ".call-" in b.value]  # what the async calls start and finish
     assert called and all(b.kind in ("forward", "backward", "parameter") for b in called), called
+
+
+def test_on_tpu7x_a_scans_offloaded_stacks_are_named_by_stack_and_position():
+    # small-deep's scan-layers-offload on tpu7x (seq 1024 x 1, about 80 s): its layer inputs
+    # go to host memory as stacks that async dynamic-update-slices with no op name fill, and
+    # the backward pass slices them back. Before stacks were named by what is written into
+    # them, the three host stacks and four 512 KiB slices of them in HBM were "other".
+    [job] = jobs_for("small-deep", resolve_target("tpu7x"), seq=1024, batch=1,
+                     strategies=["scan-layers-offload"]).values()
+    m, answer = explain_job(job)
+    e = Explanation.from_dict(answer)
+    assert m.ok and m.host_temp_bytes > 0 and e.host_buffers
+    assert [b for b in e.buffers if b.kind == "other" and b.bytes > 512] == []
+    assert all(b.kind == "forward" for b in e.host_buffers), [b.label for b in e.host_buffers]
+    stacks = [b for b in e.host_buffers if re.fullmatch(r"bf16\[\d+,1,1024,\d+\]", b.shape)]
+    assert stacks and any(re.fullmatch(r"\d+-\d+, pos \d+", b.layer_label) for b in stacks)
 
 
 def test_hbm_live_bytes_leave_out_other_memory_spaces_and_count_a_shared_address_once():
