@@ -380,10 +380,10 @@ def explained(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     args = ["--model", "tiny-e2b", "--target", "v5p", "--devices", "4", "--seq", "1024", "--batch", "2"]
 
-    def run(*extra):
+    def run(*extra, check=True):
         r = subprocess.run([sys.executable, "-m", "memprobe", "explain", *args, *extra], capture_output=True,
                            text=True, timeout=1200, env={**os.environ, "MEMPROBE_CACHE_DIR": str(cache)})
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == 0 or not check, r.stderr
         return r
 
     chart = tmp_path_factory.mktemp("chart") / "heap.png"
@@ -450,6 +450,18 @@ def test_second_explain_answers_from_the_cache(explained):
     assert f"({m['xla_peak_bytes'] - e['peak_live_bytes']:+,} bytes) against the HBM live" in line
     # Like every export, the markdown names the compiler stack it came from.
     assert f"libtpu {data['strategies'][0]['measurement']['versions']['libtpu']}" in r.stdout
+
+
+def test_an_explain_at_other_shapes_says_what_the_same_work_took_here(explained):
+    # A full-size explain compiles for 13-20 minutes; like compare, it says up front what the
+    # same work took here before. A one-second timeout stops this one once it has said so.
+    data, run, _ = explained
+    r = run("--strategy", "unrolled", "--seq", "512", "--timeout", "1", check=False)
+    assert r.returncode == 1 and "memprobe: unrolled: failed after" in r.stderr, r.stderr
+    whole = round(round(data["strategies"][0]["measurement"]["process_seconds"], 1))  # as recorded
+    took = f"{whole} s" if whole < 60 else f"{whole // 60} min {whole % 60} s"
+    assert (f"memprobe: unrolled: compiling with the compiler's buffer listing on (tiny-e2b on v5p:2x2x1 (4 devices); "
+            f"took {took} here last time, at seq 1024 x 2)") in r.stderr, r.stderr
 
 
 def _without_command(text: str) -> list[str]:

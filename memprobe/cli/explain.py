@@ -73,26 +73,40 @@ def explain(
     check_writable(output)
     check_writable(chart, "--chart")
     answer = run_explain(plan, timeout_s=timeout, cache=not no_cache, max_host_bytes=cap,
-                         on_event=_progress(f"{plan.model.name} on {plan.target.label}"))
+                         on_event=_progress(f"{plan.model.name} on {plan.target.label}", _hints(plan, no_cache)))
     answer = dataclasses.replace(answer, command=command_line())
     _write(answer, format, output, chart, top)
     return 0 if answer.ok else 1
 
 
-def _progress(where: str):
+def _hints(plan, no_cache: bool) -> dict[str, str]:
+    """Per strategy, what the same work took to compile here before, as `compare` says it
+    (a full-size explain compiles for 13-20 minutes); none with --no-cache, as there."""
+    if no_cache:
+        return {}
+    from memprobe.cache import ResultCache
+
+    jobs = plan.jobs()
+    return {job.strategy.name: hint for job, last in zip(jobs, ResultCache().last_times(jobs))
+            if (hint := compare.last_time_hint(last))}
+
+
+def _progress(where: str, hints: dict[str, str]):
     """Progress lines on stderr: a compile with dumps on takes as long as a `compare` one."""
     err = messages()
     said: dict[str, float] = {}
 
     def on_event(name: str, state: str, seconds: float) -> None:
+        hint = f"; {hints[name]}" if name in hints else ""
         if state == "cached":
             err.print(f"memprobe: {name}: from cache")
         elif state == "compiling" and name not in said:
             said[name] = 0.0
-            err.print(f"memprobe: {name}: compiling with the compiler's buffer listing on ({where})")
+            err.print(f"memprobe: {name}: compiling with the compiler's buffer listing on ({where}{hint})",
+                      highlight=False)
         elif state == "compiling" and seconds - said[name] >= compare.STILL_EVERY_S:  # as compare's log
             said[name] = seconds
-            err.print(f"memprobe: {name}: still compiling ({compare.minutes(seconds)})")
+            err.print(f"memprobe: {name}: still compiling ({compare.minutes(seconds)}{hint})", highlight=False)
         elif state in ("done", "failed"):
             err.print(f"memprobe: {name}: {state} after {seconds:.0f} s")
 
