@@ -516,8 +516,10 @@ def _source(hlo: Hlo, instr: str | None, index: list[int], seen: set) -> str:
     """The JAX op name that says what (``instr``, ``index``) holds: its own, else its source's
     (copies, gathers, tuple elements). A value a while loop carries, as the body's parameter
     or as what the loop starts from (a buffer allocated for the loop to fill has no other
-    source), is named after what the body passes on in its place, else after the loop. A
-    called computation's parameter is what its caller passes; a call's result, its root's."""
+    source), is named after what the body passes on in its place, else after the loop; so is
+    the loop's own output at that index. A called computation's parameter is what its caller
+    passes; a call's result, its root's. A stack that a dynamic-update-slice fills is what is
+    written into it (what the loop writes there, when a loop goes on filling it)."""
     loop_start = None
     while instr is not None and (instr, tuple(index)) not in seen:
         seen.add((instr, tuple(index)))
