@@ -272,22 +272,6 @@ def test_on_tpu7x_what_sparsecores_copy_and_reduce_is_named_too():
     assert called and all(b.kind in ("forward", "backward", "parameter") for b in called), called
 
 
-def test_on_tpu7x_a_scans_offloaded_stacks_are_named_by_stack_and_position():
-    # small-deep's scan-layers-offload on tpu7x (seq 1024 x 1, about 80 s): its layer inputs
-    # go to host memory as stacks that async dynamic-update-slices with no op name fill, and
-    # the backward pass slices them back. Before stacks were named by what is written into
-    # them, the three host stacks and four 512 KiB slices of them in HBM were "other".
-    [job] = jobs_for("small-deep", resolve_target("tpu7x"), seq=1024, batch=1,
-                     strategies=["scan-layers-offload"]).values()
-    m, answer = explain_job(job)
-    e = Explanation.from_dict(answer)
-    assert m.ok and m.host_temp_bytes > 0 and e.host_buffers
-    assert [b for b in e.buffers if b.kind == "other" and b.bytes > 512] == []
-    assert all(b.kind == "forward" for b in e.host_buffers), [b.label for b in e.host_buffers]
-    stacks = [b for b in e.host_buffers if re.fullmatch(r"bf16\[\d+,1,1024,\d+\]", b.shape)]
-    assert stacks and any(re.fullmatch(r"\d+-\d+, pos \d+", b.layer_label) for b in stacks)
-
-
 def test_hbm_live_bytes_leave_out_other_memory_spaces_and_count_a_shared_address_once():
     length, ranges = parse_live_range(LIVE)
     placed = parse_assignment(ASSIGNMENT)
