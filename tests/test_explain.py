@@ -191,7 +191,7 @@ def test_a_copy_in_a_called_computation_is_named_after_what_its_caller_passes():
 # the loop (in host memory); backward, a weight gradient by a fusion whose op name is only
 # the scan's stacking. A loop without metadata hands its outputs on by index. (Full-size E2B
 # scan-layers-offload at seq 24576 x 8 left 11.25 GiB of host stacks "other custom-call" and
-# named 4.71 GiB of stacked gradients after the loop counter's add.)
+# named 4.71 GiB of stacked gradients after the loop counter's add or the scan's stacking.)
 STACK_HLO = """%fused_stack (param_0.1: f32[2,4,8], param_1.1: f32[4,8], param_2.1: s32[]) -> f32[2,4,8] {
   %param_2.1 = s32[]{:T(128)} parameter(2)
   %param_1.1 = f32[4,8]{1,0} parameter(1)
