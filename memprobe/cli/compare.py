@@ -177,7 +177,7 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
     with progress:
         tasks = [progress.add_task(label, start=False, state="waiting", total=1) for label in labels]
         # What each compile took here before, so a run of many minutes says what to expect.
-        hints = [last_time_hint(last) for last in cache.last_times(jobs)] if cache is not None else [""] * len(jobs)
+        hints = last_time_hints(jobs, cache)
         started = {}
         said: dict[int, float] = {}  # seconds into each compile of its last "still compiling" line
         finished = []  # measured in this run, so in the cache should the run be stopped
@@ -228,7 +228,13 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min"
 
 
-def last_time_hint(last: tuple[float, int, int] | None) -> str:
+def last_time_hints(jobs: list[CompileJob], cache: ResultCache | None) -> list[str]:
+    """Per job, what the same work took to compile here before; '' where it never ran here
+    or there is no cache (--no-cache)."""
+    return [_last_time_hint(last) for last in cache.last_times(jobs)] if cache is not None else [""] * len(jobs)
+
+
+def _last_time_hint(last: tuple[float, int, int] | None) -> str:
     """'took 19 min 40 s here last time, at seq 24576 x 8', or '' when it never ran here."""
     if last is None:
         return ""

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from memprobe.api import explain_plan, run_explain
+from memprobe.cache import ResultCache
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, output_file, write_bytes
 from memprobe.cli import compare
@@ -82,13 +83,9 @@ def explain(
 def _hints(plan, no_cache: bool) -> dict[str, str]:
     """Per strategy, what the same work took to compile here before, as `compare` says it
     (a full-size explain compiles for 13-20 minutes); none with --no-cache, as there."""
-    if no_cache:
-        return {}
-    from memprobe.cache import ResultCache
-
     jobs = plan.jobs()
-    return {job.strategy.name: hint for job, last in zip(jobs, ResultCache().last_times(jobs))
-            if (hint := compare.last_time_hint(last))}
+    return dict(zip((job.strategy.name for job in jobs),
+                    compare.last_time_hints(jobs, None if no_cache else ResultCache())))
 
 
 def _progress(where: str, hints: dict[str, str]):
@@ -97,7 +94,7 @@ def _progress(where: str, hints: dict[str, str]):
     said: dict[str, float] = {}
 
     def on_event(name: str, state: str, seconds: float) -> None:
-        hint = f"; {hints[name]}" if name in hints else ""
+        hint = f"; {hints[name]}" if hints.get(name) else ""
         if state == "cached":
             err.print(f"memprobe: {name}: from cache")
         elif state == "compiling" and name not in said:
