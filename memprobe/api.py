@@ -104,9 +104,10 @@ def compare(*, seq: int = 24576, batch: int = 8, model: str = DEFAULT_MODEL, tar
             grad_accum: int = 1, jobs: int | None = None,
             timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True, max_host_bytes: int | None = None,
             on_event: OnEvent | None = None) -> Result:
-    """`memprobe compare` as a call: the train step of ``model`` compiled for ``target`` under
-    each strategy (names, ``Strategy`` objects or "all"; default the four families, less the
-    offload one where the target has no host memory), per-device peak figures in the result.
+    """`memprobe compare` as a call: the train step of ``model`` (a preset's name, or a model
+    file's path, "my-model.toml") compiled for ``target`` under each strategy (names,
+    ``Strategy`` objects or "all"; default the four families, less the offload one where the
+    target has no host memory), per-device peak figures in the result.
 
     ``max_host_bytes``: host memory one compile process may use before it is stopped and
     its row marked failed (default 90% of this machine's memory)."""

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from memprobe.measure import Measurement
+from memprobe.model_file import is_preset
 from memprobe.plan import CompileJob
 
 FORMAT = 1
@@ -99,7 +100,8 @@ def key_fields(job: CompileJob, env: dict[str, str]) -> dict[str, Any]:
 
 def _work(job: CompileJob) -> str:
     """What a compile's duration depends on, apart from the shapes."""
-    return _digest({"model": job.model.name, "strategy": job.strategy.as_compiled().knobs(),
+    model = job.model.name if is_preset(job.model) else dataclasses.asdict(job.model)
+    return _digest({"model": model, "strategy": job.strategy.as_compiled().knobs(),
                     "target": dataclasses.asdict(job.target), "step": job.step.value,
                     **_training(job)})
 

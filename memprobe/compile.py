@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from memprobe.errors import BadInput
 from memprobe.measure import Measurement
+from memprobe.model_file import is_preset, model_mapping
 from memprobe.plan import CompileJob
 from memprobe.targets import Target
 
@@ -89,6 +90,7 @@ def _base_record(job: CompileJob, **fields) -> Measurement:
     t = job.target
     return Measurement(
         model=job.model.name,
+        model_config=None if is_preset(job.model) else model_mapping(job.model),
         strategy=job.strategy.name,
         strategy_knobs=job.strategy.knobs(),
         target=t.name,

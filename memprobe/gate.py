@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from memprobe.compile import GPU_PACKAGES, versions
 from memprobe.errors import BadInput
 from memprobe.measure import GIB, Measurement, parse_size
+from memprobe.model_file import model_from_mapping
 from memprobe.plan import Plan, make_plan, recipe
 from memprobe.result import Result
 from memprobe.strategy import strategy_from_mapping
@@ -132,7 +133,9 @@ def baseline_plans(base: Result, where: Path) -> list[tuple[list[Measurement], P
         target = resolve_target(m0.target, m0.num_devices, m0.topology if m0.platform != "cpu" else None)
         require_backend(target)
         try:
-            plan = make_plan(model=m0.model, strategies=strategies, target=target, seq_len=m0.seq_len,
+            model = (m0.model if m0.model_config is None
+                     else model_from_mapping(m0.model, m0.model_config, f"model {m0.model!r}"))
+            plan = make_plan(model=model, strategies=strategies, target=target, seq_len=m0.seq_len,
                              batch_per_device=m0.batch_per_device, loss_chunks=m0.loss_chunks,
                              step=m0.step, optimizer=m0.optimizer, param_dtype=m0.param_dtype,
                              grad_accum=m0.grad_accum)

@@ -28,6 +28,9 @@ GIB = 1024**3
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Measurement:
     model: str
+    # A model file's sizes (``model_mapping``), so the record says what was compiled and
+    # `memprobe check` can compile it again without the file; None for a preset.
+    model_config: dict[str, Any] | None = None
     strategy: str
     strategy_knobs: dict[str, Any]
     target: str
@@ -105,6 +108,8 @@ class Measurement:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        if d["model_config"] is None:  # a preset: its name says it all, as before model files
+            del d["model_config"]
         d["peak_bytes"] = self.peak_bytes if self.ok else None
         d["host_bytes"] = self.host_bytes if self.ok else None
         d["fits"] = self.fits

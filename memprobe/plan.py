@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from pathlib import Path
 
 from memprobe.errors import BadInput, unknown
 from memprobe.model._config import PRESETS, ModelConfig, attention_block_size, default_loss_chunks
+from memprobe.model_file import load_model_file
 from memprobe.strategy import Strategy
 from memprobe.targets import Target
 
@@ -123,13 +125,21 @@ def choice(kind: type[enum.Enum], value, name: str):
         raise BadInput(f"{name}: {value!r} is not one of {', '.join(k.value for k in kind)}") from None
 
 
-def resolve_model(name: str) -> ModelConfig:
-    if name not in PRESETS:
-        raise unknown("model", name, PRESETS)
-    return PRESETS[name]
+def resolve_model(model: str | ModelConfig) -> ModelConfig:
+    """A preset by name, or a model file of the user's own by its path (``*.toml``)."""
+    if isinstance(model, ModelConfig):
+        return model
+    if not isinstance(model, str):
+        raise BadInput(f"--model: expected a preset's name or a model file's path, got {model!r}")
+    if model in PRESETS:
+        return PRESETS[model]
+    if model.endswith(".toml") or Path(model).is_file():
+        return load_model_file(Path(model))
+    raise BadInput(str(unknown("model", model, PRESETS)).removesuffix(")")
+                   + "; or a model file of your own, my-model.toml)")
 
 
-def make_plan(*, model: str, strategies: list[Strategy], target: Target, seq_len: int,
+def make_plan(*, model: str | ModelConfig, strategies: list[Strategy], target: Target, seq_len: int,
               batch_per_device: int, loss_chunks: int | None = None, step: Step = Step.TRAIN,
               optimizer: Optimizer | None = None, param_dtype: ParamDtype = ParamDtype.FP32,
               grad_accum: int = 1) -> Plan:

@@ -27,6 +27,7 @@ from typing import Any
 from memprobe.errors import BadInput
 from memprobe.flags import sanity_flags
 from memprobe.measure import Measurement, flops_ratio
+from memprobe.model_file import model_from_mapping
 from memprobe.plan import Optimizer, ParamDtype, Step
 
 SCHEMA = "memprobe.result"
@@ -40,8 +41,10 @@ def config_of(m: Measurement) -> dict[str, Any]:
 
 
 def config_key(m: Measurement) -> str:
-    """One string per configuration: the rows that share it make one table."""
-    return json.dumps(config_of(m), sort_keys=True)
+    """One string per configuration: the rows that share it make one table. Two model files
+    of one name but different sizes are two configurations."""
+    extra = {"model_config": m.model_config} if m.model_config is not None else {}
+    return json.dumps({**config_of(m), **extra}, sort_keys=True)
 
 
 def group_by_config(measurements: list[Measurement]) -> list[list[Measurement]]:
@@ -190,9 +193,11 @@ def measurement_from_json(row: Any, at: str) -> Measurement:
                 raise BadInput(f"{at}: optimizer: a {row['step']} step has none, got {row[field]!r}")
         elif row[field] not in known:
             raise BadInput(f"{at}: {field}: {row[field]!r} is not one of {', '.join(known)}")
-    for field in ("strategy_knobs", "versions"):
-        if not isinstance(row.get(field, {}), dict):
+    for field in ("strategy_knobs", "versions", "model_config"):
+        if not isinstance(row.get(field, {}), dict) and not (field == "model_config" and row[field] is None):
             raise BadInput(f"{at}: {field}: expected an object")
+    if row.get("model_config") is not None:  # a model file's sizes: the model must build from them
+        model_from_mapping(row["model"], row["model_config"], f"{at}: model_config")
     for field in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes"):
         value = row.get(field, 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:

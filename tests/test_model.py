@@ -1,6 +1,8 @@
 """The model matches the published Gemma 4 small architecture; attention is exact and blockwise."""
 
+import dataclasses
 import math
+import tomllib
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +11,7 @@ import pytest
 from flax import nnx
 
 from memprobe.build import abstract_params, parameter_count
+from memprobe.errors import BadInput
 from memprobe.model import (
     CHECKPOINT_NAMES,
     PRESETS,
@@ -17,6 +20,8 @@ from memprobe.model import (
     default_loss_chunks,
     reference_attention,
 )
+from memprobe.model_file import is_preset, load_model_file, model_mapping
+from memprobe.plan import resolve_model
 from memprobe.strategy import CHECKPOINT_NAMES as STRATEGY_NAMES
 
 
@@ -126,3 +131,70 @@ def test_default_loss_chunks():
     assert default_loss_chunks(24576) == 48
     assert default_loss_chunks(256) == 1
     assert default_loss_chunks(1536) == 3
+
+
+# Model files: a preset with some sizes changed, or every size given.
+
+def _toml(values: dict) -> str:
+    def value(v):
+        return "[" + ", ".join(f'"{k}"' for k in v) + "]" if isinstance(v, list) else (
+            f'"{v}"' if isinstance(v, str) else repr(v))
+    return "".join(f"{k} = {value(v)}\n" for k, v in values.items())
+
+
+def test_a_model_file_changes_only_the_sizes_it_names(tmp_path):
+    path = tmp_path / "tiny-v1k.toml"
+    path.write_text('description = "tiny-e2b, twice the vocabulary"\nbase = "tiny-e2b"\nvocab_size = 1024\n')
+    cfg = load_model_file(path)
+    assert cfg.name == "tiny-v1k" and not is_preset(cfg) and is_preset(PRESETS["tiny-e2b"])
+    assert dataclasses.replace(cfg, name="tiny-e2b", vocab_size=512) == PRESETS["tiny-e2b"]
+    # 512 more rows in the embedding (width 128) and in the per-layer table (5 layers x 16).
+    assert parameter_count(cfg) - parameter_count(PRESETS["tiny-e2b"]) == 512 * (128 + 5 * 16)
+
+
+def test_a_model_file_with_every_size_is_that_model(tmp_path):
+    # E4B written out in full (what a record of a model file carries), read back: the same
+    # model to the parameter, though nothing names E4B.
+    path = tmp_path / "my-e4b.toml"
+    path.write_text(_toml(model_mapping(PRESETS["gemma4-e4b"])))
+    assert "base" not in tomllib.loads(path.read_text())
+    assert dataclasses.replace(load_model_file(path), name="gemma4-e4b") == PRESETS["gemma4-e4b"]
+    assert parameter_count(load_model_file(path)) == 7_518_069_034
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("m", 'base = "tiny-e2b"\nvocab_size = 0\n', "m.toml: vocab_size: expected a positive integer, got 0"),
+    ("m", 'base = "tiny-e2b"\nwidth = 1.5\n', "m.toml: width: expected a positive integer, got 1.5"),
+    ("m", 'base = "tiny-e2b"\nnum_kv_heads = 3\n', "m.toml: num_heads 4 is not a multiple of num_kv_heads 3"),
+    ("m", 'base = "tiny-e2b"\nnum_kv_shared_layers = 5\n', "m.toml: num_kv_shared_layers 5 leaves no layer of the 5"),
+    ("m", 'base = "tiny-e2b"\nnum_kv_shared_layers = 4\n', "m.toml: no unshared global layer to donate K/V to layer 1"),
+    ("m", 'base = "tiny-e2b"\nattention_pattern = ["sliding", "glob"]\n',
+     "m.toml: attention_pattern: unknown attention kind 'glob' (did you mean 'global'?"),
+    ("m", 'base = "tiny-e2b"\nattention_pattern = []\n', "m.toml: attention_pattern: expected a list of"),
+    ("m", 'base = "tiny-e2b"\nglobal_rope_fraction = 1.5\n',
+     "m.toml: global_rope_fraction: expected a number between 0 and 1, got 1.5"),
+    ("m", 'base = "tiny-e2b"\nsliding_rope_base = "big"\n', "m.toml: sliding_rope_base: expected a number"),
+    ("m", 'base = "gemma-e2b"\n', "m.toml: base: unknown base model 'gemma-e2b' (did you mean 'gemma4-e2b'?"),
+    ("m", 'base = "tiny-e2b"\nwidht = 256\n', "m.toml: unknown key 'widht' (did you mean 'width'?"),
+    ("m", 'base = "tiny-e2b"\nname = "x"\n', "m.toml: unknown key 'name': a model file is named by its file name"),
+    ("m", 'vocab_size = 512\n', "m.toml: missing key 'width' (or start from a preset"),
+    ("m", 'base = "tiny-e2b\n', "m.toml: not valid TOML"),
+    ("tiny-e2b", 'base = "tiny-e2b"\nvocab_size = 1024\n', "tiny-e2b.toml: a model file is named by its file name, "
+     "and 'tiny-e2b' is a preset's"),
+])
+def test_a_model_file_that_cannot_build_is_refused_in_one_line(tmp_path, name, text, message):
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    with pytest.raises(BadInput) as e:
+        resolve_model(str(path))
+    assert str(e.value).removeprefix(f"{tmp_path}/").startswith(message), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_model_is_a_preset_or_a_file():
+    assert resolve_model("tiny-e4b") is PRESETS["tiny-e4b"]
+    with pytest.raises(BadInput, match=r"^missing\.toml: model file not found$"):
+        resolve_model("missing.toml")
+    with pytest.raises(BadInput, match=r"unknown model 'gemma4-e3b' \(did you mean 'gemma4-e4b'\? .*"
+                                        r"or a model file of your own, my-model.toml\)$"):
+        resolve_model("gemma4-e3b")

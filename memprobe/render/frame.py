@@ -13,6 +13,7 @@ import pandas as pd
 
 from memprobe.flags import OVER_CAPACITY, OVER_HOST_RAM, VERDICT_FLAGS, sanity_flags
 from memprobe.measure import GIB, Measurement, flops_ratio
+from memprobe.model_file import describe, model_from_mapping
 from memprobe.plan import recipe
 
 COLUMNS = [
@@ -86,6 +87,9 @@ def footnotes(group: list[Measurement], command: str | None = None) -> list[str]
         # The TPU compiler states its limit in GiB to two decimals; the bytes are that figure's.
         out.append(f"HBM per device: {m0.capacity_bytes / GIB:.2f} GiB, as the compiler enforces it and "
                    f"states it (to 2 decimals; peaks are compared with {m0.capacity_bytes:,} bytes).")
+    if m0.model_config is not None:
+        model = model_from_mapping(m0.model, m0.model_config, m0.model)  # checked when the record was read
+        out.append(f"Model {m0.model}: a model file's, {describe(model)}.")
     if any(m.ok and m.host_bytes for m in group) or m0.host_ram_bytes is not None:
         out.append(host_note(m0))
     if not m0.stands_for_accelerator:

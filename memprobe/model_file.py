@@ -1,0 +1,141 @@
+"""Models of the user's own: `--model my-model.toml`, a preset with some sizes changed or
+every size given, read into the same ``ModelConfig`` the presets are.
+
+Kept outside ``memprobe.model`` on purpose: a model's sizes reach the results cache's key
+as values, so reading them from a file is no part of the program memprobe compiles, and
+changing this module leaves every cached result valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from pathlib import Path
+
+from memprobe.errors import BadInput, unknown
+from memprobe.model._config import PRESETS, AttentionKind, ModelConfig
+
+
+def is_preset(cfg: ModelConfig) -> bool:
+    """Whether ``cfg`` is one of memprobe's presets, as shipped (not a model file's)."""
+    return PRESETS.get(cfg.name) == cfg
+
+
+def describe(cfg: ModelConfig) -> str:
+    """Its sizes in one line, as a report names a model of the user's own."""
+    kinds = [k.value for k in cfg.attention_pattern]
+    pattern = " : ".join(f"{kinds.count(k.value)} {k.value}" for k in AttentionKind if k.value in kinds)
+    shared = (f" ({cfg.shared_mlp_hidden:,} on KV-shared layers)"
+              if cfg.shared_mlp_hidden not in (None, cfg.mlp_hidden) else "")
+    return (f"{cfg.num_layers} layers, width {cfg.width:,}, vocab {cfg.vocab_size:,}, "
+            f"{cfg.num_heads} heads ({cfg.num_kv_heads} K/V), head dim {cfg.sliding_head_dim} sliding / "
+            f"{cfg.global_head_dim} global, MLP {cfg.mlp_hidden:,}{shared}, pattern {pattern} "
+            f"(window {cfg.sliding_window}), {cfg.num_kv_shared_layers} KV-shared layers, "
+            f"per-layer dim {cfg.per_layer_dim}")
+
+
+_INT_FIELDS = ("vocab_size", "width", "num_layers", "num_heads", "num_kv_heads", "sliding_head_dim",
+               "global_head_dim", "mlp_hidden", "shared_mlp_hidden", "sliding_window", "per_layer_dim")
+_FLOAT_FIELDS = ("sliding_rope_base", "global_rope_base", "sliding_rope_fraction", "global_rope_fraction",
+                 "final_logit_softcap")
+_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "name")
+# What a file without a base must give: every size without a default but the shared layers'
+# MLP width, which is the others' unless given.
+_REQUIRED = tuple(f.name for f in dataclasses.fields(ModelConfig)
+                  if f.default is dataclasses.MISSING and f.name not in ("name", "shared_mlp_hidden"))
+
+
+def model_mapping(cfg: ModelConfig) -> dict:
+    """Every size of ``cfg`` as a model file writes it (the attention pattern as words), without
+    its name: what a record of a model of the user's own carries, so `memprobe check` can
+    compile it again without the file."""
+    out = {f: getattr(cfg, f) for f in _FIELDS}
+    out["attention_pattern"] = [k.value for k in cfg.attention_pattern]
+    if out["shared_mlp_hidden"] is None:
+        out["shared_mlp_hidden"] = cfg.mlp_hidden  # the same width; TOML has no null
+    return out
+
+
+def model_from_mapping(name: str, data: dict, where: str) -> ModelConfig:
+    """A model from a file's keys: ``base`` (a preset) and the sizes that differ from it, or,
+    without ``base``, every size. Nothing is derived: a size not named is the base's as is.
+    Whatever cannot build a Gemma 4 small model is refused in one line naming ``where``."""
+    if name in PRESETS:
+        raise BadInput(f"{where}: a model file is named by its file name, and {name!r} is a preset's; "
+                       "rename the file")
+    extra = sorted(set(data) - {*_FIELDS, "base", "description"})
+    if extra == ["name"]:
+        raise BadInput(f"{where}: unknown key 'name': a model file is named by its file name, so this one is "
+                       f"{name!r}; leave the key out")
+    if extra:
+        raise unknown("key", extra[0], ["base", "description", *_FIELDS], f"{where}: ")
+    if "description" in data and not isinstance(data["description"], str):
+        raise BadInput(f"{where}: description: expected a string, got {data['description']!r}")
+    values: dict = {}
+    if "base" in data:
+        if not isinstance(data["base"], str) or data["base"] not in PRESETS:
+            raise unknown("base model", data["base"], PRESETS, f"{where}: base: ")
+        values = model_mapping(PRESETS[data["base"]])
+    else:
+        missing = [f for f in _REQUIRED if f not in data]
+        if missing:
+            raise BadInput(f"{where}: missing key {missing[0]!r} (or start from a preset: base = \"gemma4-e2b\")")
+    values.update({k: v for k, v in data.items() if k in _FIELDS})
+    for field in _INT_FIELDS:
+        if field in values and (isinstance(values[field], bool) or not isinstance(values[field], int)
+                                or values[field] < 1):
+            raise BadInput(f"{where}: {field}: expected a positive integer, got {values[field]!r}")
+    shared = values.get("num_kv_shared_layers")
+    if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
+        raise BadInput(f"{where}: num_kv_shared_layers: expected an integer >= 0, got {shared!r}")
+    for field in _FLOAT_FIELDS:
+        if field not in values:
+            continue
+        value = values[field]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise BadInput(f"{where}: {field}: expected a number, got {value!r}")
+        low_ok = value >= 0 if field.endswith("fraction") else value > 0
+        if not low_ok or (field.endswith("fraction") and value > 1):
+            need = "between 0 and 1" if field.endswith("fraction") else "above 0"
+            raise BadInput(f"{where}: {field}: expected a number {need}, got {value!r}")
+        values[field] = float(value)
+    pattern = values["attention_pattern"]
+    kinds = [k.value for k in AttentionKind]
+    if not isinstance(pattern, list) or not pattern or not all(isinstance(k, str) for k in pattern):
+        raise BadInput(f"{where}: attention_pattern: expected a list of {' or '.join(map(repr, kinds))}, "
+                       f"got {pattern!r}")
+    for k in pattern:
+        if k not in kinds:
+            raise unknown("attention kind", k, kinds, f"{where}: attention_pattern: ")
+    values["attention_pattern"] = tuple(AttentionKind(k) for k in pattern)
+    values.setdefault("shared_mlp_hidden", None)
+    if values["shared_mlp_hidden"] == values["mlp_hidden"]:
+        values["shared_mlp_hidden"] = None
+    if values["num_heads"] % values["num_kv_heads"]:
+        raise BadInput(f"{where}: num_heads {values['num_heads']} is not a multiple of num_kv_heads "
+                       f"{values['num_kv_heads']} (each K/V head serves a group of query heads)")
+    if values["num_kv_shared_layers"] >= values["num_layers"]:
+        raise BadInput(f"{where}: num_kv_shared_layers {values['num_kv_shared_layers']} leaves no layer of "
+                       f"the {values['num_layers']} to compute the K/V they share")
+    cfg = ModelConfig(name=name, **values)
+    try:
+        cfg.donor_layers  # every KV-shared layer needs an unshared layer of its kind before it
+    except ValueError as e:
+        raise BadInput(f"{where}: {str(e).removeprefix(name + ': ')}") from None
+    return cfg
+
+
+def load_model_file(path: Path) -> ModelConfig:
+    """Reads one model file; its name is the file's stem."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise BadInput(f"{path}: model file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise BadInput(f"{path}: not valid TOML ({e})") from None
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read ({e.strerror})") from None
+    return model_from_mapping(path.stem, data, str(path))
