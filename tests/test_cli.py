@@ -109,6 +109,8 @@ COMPARE_BAD = [
     (["--step", "grad", "--optimizer", "lion"], "--optimizer lion: a grad step compiles no optimizer update (use --step train)"),
     (["--grad-accum", "0"], "--grad-accum must be a positive integer, got 0"),
     (["--grad-accum", "two"], "Invalid value for '--grad-accum': 'two' is not an integer"),
+    (["--model", "nothere.toml"], "nothere.toml: model file not found"),
+    (["--model", "strategies/checkpoint.toml"], "strategies/checkpoint.toml: unknown key 'loop'"),
 ]
 E4B = "reports/gemma4-e4b-seq24576-b8-tpu7x-8.json"
 EXPLAINED = "reports/gemma4-e4b-seq24576-b8-tpu7x-8-explain-offload-mlp.json"
@@ -201,6 +203,34 @@ def test_strategies_and_targets_list_what_exists():
     if importlib.util.find_spec("jax_plugins.xla_cuda12"):  # read from the plugin's target configs
         for fragment in ("h100", "84,942,979,072", "h200", "151,397,597,184", "b200", "191,514,411,008", "a100"):
             assert fragment in t.stdout
+
+
+def test_models_lists_the_presets_and_checks_a_model_file(tmp_path):
+    listed = memprobe("models", "--format", "json")
+    assert listed.returncode == 0 and not listed.stderr, listed.stderr
+    rows = {r["name"]: r for r in json.loads(listed.stdout)}
+    assert list(rows) == ["gemma4-e2b", "gemma4-e4b", "tiny-e2b", "tiny-e4b", "small-deep"]
+    # The gemma library's counts (test_model checks them from the model's own shapes).
+    assert rows["gemma4-e2b"]["parameter_count"] == 4_647_449_891
+    assert rows["gemma4-e4b"]["parameter_count"] == 7_518_069_034
+    assert rows["gemma4-e2b"]["attention_pattern"] == ["sliding"] * 4 + ["global"]
+    assert rows["gemma4-e2b"]["shared_mlp_hidden"] == 12288 and rows["gemma4-e4b"]["shared_mlp_hidden"] == 10240
+    # A model file listed beside a preset: its count, and what it changed, in the table.
+    path = tmp_path / "e2b-vocab32k.toml"
+    path.write_text('base = "gemma4-e2b"\nvocab_size = 32768\n')
+    t = memprobe("models", "--model", str(path), "--model", "gemma4-e2b", env={"COLUMNS": "200"})
+    assert t.returncode == 0, t.stderr
+    [mine] = [line for line in t.stdout.splitlines() if "e2b-vocab32k" in line]
+    # 229,376 fewer rows in the embedding (width 1,536) and in the per-layer table (35 x 256).
+    assert f"{4_647_449_891 - 229_376 * (1536 + 35 * 256):,}" in mine and "32,768" in mine
+    [row] = json.loads(memprobe("models", "--model", str(path), "--format", "json").stdout)
+    assert row["source"] == str(path) and row["vocab_size"] == 32768 and row["width"] == 1536
+    assert "gemma4-e2b" in t.stdout and "4,647,449,891" in t.stdout
+    path.write_text('base = "gemma4-e2b"\nnum_kv_heads = 3\n')
+    bad = memprobe("models", "--model", str(path))
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        f"memprobe: error: {path}: num_heads 8 is not a multiple of num_kv_heads 3 (each K/V head serves "
+        "a group of query heads)"), bad.stderr
 
 
 def test_targets_and_strategies_as_json_for_scripts(tmp_path):
@@ -350,6 +380,39 @@ def test_user_strategy_file_runs_end_to_end(tmp_path):
     # Keeping the MLP hidden recomputes less than saving nothing: fewer FLOPs, more bytes.
     assert "save-mlp" in rows and "checkpoint" in rows
     assert "--strategies-dir " + str(tmp_path) in r.stdout
+
+
+def test_a_model_file_runs_end_to_end_and_its_baseline_needs_no_file(tmp_path):
+    path = tmp_path / "tiny-v1k.toml"
+    path.write_text('description = "tiny-e2b, twice the vocabulary"\nbase = "tiny-e2b"\nvocab_size = 1024\n')
+    saved = tmp_path / "base.json"
+    r = memprobe("baseline", "--model", str(path), "--target", "cpu", "--seq", "64", "--batch", "1",
+                 "--strategies", "unrolled", "--output", str(saved))
+    assert r.returncode == 0, r.stderr
+    [row] = json.loads(saved.read_text())["comparisons"][0]["rows"]
+    assert row["model"] == "tiny-v1k" and row["model_config"]["vocab_size"] == 1024
+    assert row["model_config"]["width"] == 128  # the base's, as it is
+    # tiny-e2b's parameters, 512 more embedding rows (width 128) and per-layer rows (5 x 16).
+    from memprobe.build import parameter_count
+    from memprobe.model import PRESETS
+    assert row["parameter_count"] == parameter_count(PRESETS["tiny-e2b"]) + 512 * (128 + 5 * 16)
+    md = memprobe("report", str(saved), "--format", "markdown")
+    assert "- Model tiny-v1k: a model file's, 5 layers, width 128, vocab 1,024," in md.stdout, md.stdout
+    # The record carries the model: CI can gate it with the file gone, compiling it again.
+    path.unlink()
+    r = memprobe("check", "--baseline", str(saved), "--no-cache")
+    assert r.returncode == 0, r.stderr
+    assert "memprobe check: 1 of 1 within tolerance 2%" in r.stdout
+    assert "tiny-v1k seq 64 x 1 on cpu" in r.stdout
+    # A record whose sizes cannot build a model is refused in one line.
+    data = json.loads(saved.read_text())
+    data["comparisons"][0]["rows"][0]["model_config"]["num_kv_heads"] = 3
+    spoiled = tmp_path / "spoiled.json"
+    spoiled.write_text(json.dumps(data))
+    r = memprobe("check", "--baseline", str(spoiled))
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        "model_config: num_heads 4 is not a multiple of num_kv_heads 3 (each K/V head serves a group of "
+        "query heads)"), r.stderr
 
 
 def test_report_judges_a_saved_result_against_a_hosts_ram():

@@ -11,7 +11,7 @@ import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.exceptions import Abort, Exit, TyperException
 
-from memprobe.cli import check, compare, explain, fit, report, strategies, targets
+from memprobe.cli import check, compare, explain, fit, models, report, strategies, targets
 from memprobe.cli._output import messages
 from memprobe.errors import MemprobeError
 
@@ -84,7 +84,8 @@ def _root(version: Annotated[bool, typer.Option(
 
 for _name, _fn in [("compare", compare.compare), ("report", report.report), ("baseline", compare.baseline),
                    ("fit", fit.fit), ("check", check.check), ("explain", explain.explain),
-                   ("strategies", strategies.list_strategies), ("targets", targets.list_targets)]:
+                   ("strategies", strategies.list_strategies), ("targets", targets.list_targets),
+                   ("models", models.list_models)]:
     app.command(_name, help=_help(_fn), cls=_Command)(_fn)
 
 err = messages()
