@@ -333,7 +333,8 @@ def test_bare_memprobe_prints_its_help_and_no_error():
 def test_help_gives_a_flag_no_value():
     # Typer's help gave flags a type column, `--no-cache <bool>`, as if they took a value.
     wide = {"COLUMNS": "200"}
-    for command in ("", "compare", "baseline", "fit", "check", "explain", "report", "targets", "strategies"):
+    for command in ("", "compare", "baseline", "fit", "check", "explain", "report", "targets", "strategies",
+                    "models"):
         r = memprobe(*command.split(), "--help", env=wide)
         assert r.returncode == 0, r.stderr
         assert "<bool>" not in r.stdout, (command, r.stdout)
@@ -342,9 +343,9 @@ def test_help_gives_a_flag_no_value():
     r = memprobe("compare", "--help", env=wide)
     assert re.search(r"--no-cache +Compile every strategy again", r.stdout), r.stdout
     assert re.search(r"--seq +<int> +Sequence length", r.stdout), r.stdout
-    for option, takes in (("--model", "<name>"), ("--target", "<name>"), ("--topology", "<topology>"),
+    for option, takes in (("--model", "<name|file>"), ("--target", "<name>"), ("--topology", "<topology>"),
                           ("--timeout", "<seconds>")):
-        assert re.search(f"{option} +{takes} ", r.stdout), (option, r.stdout)
+        assert re.search(f"{option} +{re.escape(takes)} ", r.stdout), (option, r.stdout)
 
 
 def test_a_long_compile_says_it_is_still_compiling_in_a_log(tmp_path):
