@@ -399,6 +399,10 @@ def test_a_model_file_runs_end_to_end_and_its_baseline_needs_no_file(tmp_path):
     assert row["parameter_count"] == parameter_count(PRESETS["tiny-e2b"]) + 512 * (128 + 5 * 16)
     md = memprobe("report", str(saved), "--format", "markdown")
     assert "- Model tiny-v1k: a model file's, 5 layers, width 128, vocab 1,024," in md.stdout, md.stdout
+    ex = memprobe("explain", "--strategy", "unrolled", "--model", str(path), "--target", "cpu", "--seq", "64",
+                  "--batch", "1", "--format", "markdown")
+    assert ex.returncode == 0, ex.stderr
+    assert "- Model tiny-v1k: a model file's, 5 layers, width 128, vocab 1,024," in ex.stdout, ex.stdout
     # The record carries the model: CI can gate it with the file gone, compiling it again.
     path.unlink()
     r = memprobe("check", "--baseline", str(saved), "--no-cache")

@@ -20,7 +20,7 @@ from memprobe.errors import BadInput
 from memprobe.liveness import EXPLAIN_SCHEMA, Buffer, Explained, Explanation
 from memprobe.measure import GIB, Measurement
 from memprobe.render import DEFAULT_TOP, terminal_width
-from memprobe.render.frame import fmt, title, versions_line
+from memprobe.render.frame import fmt, model_note, title, versions_line
 from memprobe.result import measurement_from_json, saved_list
 
 MIB = 1024**2
@@ -246,6 +246,7 @@ def explain_notes(m: Measurement, e: Explanation, command: str | None = None) ->
            *_xla_peak_note(m, e),
            *_host_note(e),
            _what_note(e.names_loops)]
+    out += model_note(m)
     if not m.stands_for_accelerator:
         out.append("CPU backend figures: they do not stand for any accelerator.")
     out.append(versions_line(m))
@@ -280,7 +281,7 @@ def diff_notes(a: tuple[Measurement, Explanation], b: tuple[Measurement, Explana
            f"Of the difference: {split}.",
            *_host_diff_note(a, b),
            "Rows: buffers live at each strategy's busiest point, grouped by what they are and their shape, "
-           "largest difference first.", versions_line(ma)]
+           "largest difference first.", *model_note(ma), versions_line(ma)]
     if command:
         out.append(f"Command: `{command}`")
     return out

@@ -8,7 +8,8 @@ from typing import IO
 
 from memprobe.measure import GIB
 from memprobe.render import FitFormat
-from memprobe.render.frame import PEAK_FORMULA, devices, fmt, per_microbatch, step_name, versions_line, where
+from memprobe.render.frame import (PEAK_FORMULA, devices, fmt, model_note, per_microbatch, step_name, versions_line,
+                                   where)
 from memprobe.search import FitResult, StrategySearch
 
 
@@ -105,6 +106,7 @@ def footnotes(fit: FitResult) -> list[str]:
                    f"{devices(fit.devices_per_host)}: a {thing} fits only if its host bytes (what offload puts in "
                    f"host memory, per device; host GiB) x {fit.devices_per_host} <= the host RAM, i.e. at most "
                    f"{fit.host_budget:,} bytes per device. {nxt} over names the limit the {nxt} broke.")
+    out += model_note(m)
     if not m.stands_for_accelerator:
         out.append("CPU backend figures: they do not stand for any accelerator.")
     out.append(versions_line(m, loss=None if fit.axis == "batch" else f"loss in chunks of {fit.unit} tokens"))

@@ -87,9 +87,7 @@ def footnotes(group: list[Measurement], command: str | None = None) -> list[str]
         # The TPU compiler states its limit in GiB to two decimals; the bytes are that figure's.
         out.append(f"HBM per device: {m0.capacity_bytes / GIB:.2f} GiB, as the compiler enforces it and "
                    f"states it (to 2 decimals; peaks are compared with {m0.capacity_bytes:,} bytes).")
-    if m0.model_config is not None:
-        model = model_from_mapping(m0.model, m0.model_config, m0.model)  # checked when the record was read
-        out.append(f"Model {m0.model}: a model file's, {describe(model)}.")
+    out += model_note(m0)
     if any(m.ok and m.host_bytes for m in group) or m0.host_ram_bytes is not None:
         out.append(host_note(m0))
     if not m0.stands_for_accelerator:
@@ -98,6 +96,14 @@ def footnotes(group: list[Measurement], command: str | None = None) -> list[str]
     for line in (command or "").splitlines():  # a merged result keeps each run's command
         out.append(f"Command: `{line}`")
     return out
+
+
+def model_note(m: Measurement) -> list[str]:
+    """A model file's sizes, spelt out (a preset's name says them): for every footer."""
+    if m.model_config is None:
+        return []
+    model = model_from_mapping(m.model, m.model_config, m.model)  # checked when the record was read
+    return [f"Model {m.model}: a model file's, {describe(model)}."]
 
 
 def devices(n: int) -> str:
