@@ -1,9 +1,12 @@
-"""memprobe's errors. Library code raises these; only the CLI turns them into exit codes."""
+"""memprobe's errors, and the reading of the TOML files users write. Library code raises these;
+only the CLI turns them into exit codes."""
 
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+import tomllib
+from pathlib import Path
+from typing import Any, Iterable
 
 
 class MemprobeError(Exception):
@@ -25,3 +28,17 @@ def unknown(what: str, name: object, known: Iterable[str], where: str = "") -> B
     close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return BadInput(f"{where}unknown {what} {name!r} ({hint}known: {', '.join(known)})")
+
+
+def read_toml(path: Path, kind: str) -> dict[str, Any]:
+    """A TOML file the user named (``kind``: "strategy file", "model file"); a missing,
+    unreadable or malformed one is refused in one line naming it."""
+    try:
+        with Path(path).open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise BadInput(f"{path}: {kind} not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise BadInput(f"{path}: not valid TOML ({e})") from None
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read ({e.strerror})") from None

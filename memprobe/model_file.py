@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from pathlib import Path
 
-from memprobe.errors import BadInput, unknown
+from memprobe.errors import BadInput, read_toml, unknown
 from memprobe.model._config import PRESETS, AttentionKind, ModelConfig
 
 
@@ -129,13 +128,5 @@ def model_from_mapping(name: str, data: dict, where: str) -> ModelConfig:
 def load_model_file(path: Path) -> ModelConfig:
     """Reads one model file; its name is the file's stem."""
     path = Path(path)
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise BadInput(f"{path}: model file not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise BadInput(f"{path}: not valid TOML ({e})") from None
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read ({e.strerror})") from None
+    data = read_toml(path, "model file")
     return model_from_mapping(path.stem, data, str(path))

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 
-from memprobe.errors import BadInput, unknown
+from memprobe.errors import BadInput, read_toml, unknown
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "strategies"
 # Installed wheels carry the built-in files inside the package.
@@ -184,15 +183,7 @@ def strategy_from_mapping(name: str, data: dict, where: str) -> Strategy:
 def load_strategy(path: Path) -> Strategy:
     """Reads one strategy file; its name is the file's stem."""
     path = Path(path)
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise BadInput(f"{path}: strategy file not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise BadInput(f"{path}: not valid TOML ({e})") from None
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read ({e.strerror})") from None
+    data = read_toml(path, "strategy file")
     return strategy_from_mapping(path.stem, data, str(path))
 
 
