@@ -21,10 +21,14 @@ def is_preset(cfg: ModelConfig) -> bool:
     return PRESETS.get(cfg.name) == cfg
 
 
+def pattern_words(kinds: list[str]) -> str:
+    """One period of the attention pattern counted by kind: "4 sliding : 1 global"."""
+    return " : ".join(f"{kinds.count(k.value)} {k.value}" for k in AttentionKind if k.value in kinds)
+
+
 def describe(cfg: ModelConfig) -> str:
     """Its sizes in one line, as a report names a model of the user's own."""
-    kinds = [k.value for k in cfg.attention_pattern]
-    pattern = " : ".join(f"{kinds.count(k.value)} {k.value}" for k in AttentionKind if k.value in kinds)
+    pattern = pattern_words([k.value for k in cfg.attention_pattern])
     shared = (f" ({cfg.shared_mlp_hidden:,} on KV-shared layers)"
               if cfg.shared_mlp_hidden not in (None, cfg.mlp_hidden) else "")
     return (f"{cfg.num_layers} layers, width {cfg.width:,}, vocab {cfg.vocab_size:,}, "

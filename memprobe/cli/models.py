@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from memprobe.model import PRESETS
-from memprobe.model_file import model_mapping
+from memprobe.model_file import model_mapping, pattern_words
 from memprobe.plan import resolve_model
 from memprobe.render import ListFormat, terminal_width
 from memprobe.render.columns import Column, fitted_table
@@ -39,13 +39,11 @@ def list_models(model: Annotated[list[str] | None, typer.Option(
                Column("source", justify="left", wrap=True, drop=1)]
     cells = []
     for r in rows:
-        kinds = r["attention_pattern"]
-        pattern = " + ".join(f"{kinds.count(k)} {k}" for k in ("sliding", "global") if k in kinds)
         mlp = f"{r['mlp_hidden']:,}" + (f" ({r['shared_mlp_hidden']:,} shared)"
                                          if r["shared_mlp_hidden"] != r["mlp_hidden"] else "")
         cells.append([r["name"], f"{r['parameter_count']:,}", str(r["num_layers"]), f"{r['width']:,}",
                       f"{r['vocab_size']:,}", f"{r['num_heads']} ({r['num_kv_heads']})",
-                      f"{r['sliding_head_dim']} / {r['global_head_dim']}", mlp, pattern,
+                      f"{r['sliding_head_dim']} / {r['global_head_dim']}", mlp, pattern_words(r["attention_pattern"]),
                       str(r["sliding_window"]), str(r["num_kv_shared_layers"]), str(r["per_layer_dim"]),
                       r["source"]])
     caption = ("head dim: sliding / global layers. MLP: the hidden width (on KV-shared layers where it "
