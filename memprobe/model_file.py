@@ -9,6 +9,7 @@ changing this module leaves every cached result valid.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -58,6 +59,58 @@ def model_mapping(cfg: ModelConfig) -> dict:
     if out["shared_mlp_hidden"] is None:
         out["shared_mlp_hidden"] = cfg.mlp_hidden  # the same width; TOML has no null
     return out
+
+
+#: What each key of a model file sets: the comments of a file `memprobe models --format toml`
+#: writes (docs/model.md has the same table, with E2B's values).
+KEY_HELP = {
+    "vocab_size": "tokens in the vocabulary (embedding and per-layer table rows)",
+    "width": "the model width",
+    "num_layers": "decoder layers",
+    "num_heads": "query heads",
+    "num_kv_heads": "K/V heads (a divisor of num_heads)",
+    "sliding_head_dim": "head dimension on sliding layers",
+    "global_head_dim": "head dimension on global layers",
+    "mlp_hidden": "the MLP's hidden width",
+    "shared_mlp_hidden": "the MLP's hidden width on KV-shared layers",
+    "attention_pattern": "one period of layer kinds, repeated over the layers",
+    "sliding_window": "tokens a sliding layer sees",
+    "num_kv_shared_layers": "the last layers, which reuse an earlier layer's K/V (0: none)",
+    "per_layer_dim": "the per-layer embedding's width per layer",
+    "sliding_rope_base": "RoPE base on sliding layers (changes no buffer's size)",
+    "global_rope_base": "RoPE base on global layers (changes no buffer's size)",
+    "sliding_rope_fraction": "share of head dimensions RoPE turns on sliding layers (no size)",
+    "global_rope_fraction": "share of head dimensions RoPE turns on global layers (no size)",
+    "final_logit_softcap": "the output soft-cap (changes no buffer's size)",
+}
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, str):
+        # A JSON string is a TOML basic string once DEL, which TOML wants escaped, is.
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)  # int, or a finite float (repr keeps the ".0" TOML needs)
+
+
+def model_toml(cfg: ModelConfig, parameters: int, source: str, description: str | None = None) -> str:
+    """``cfg`` as a model file with every size written out and each key explained: a file to
+    save under a name of one's own and edit. Read back, it is ``cfg`` to the last size."""
+    lines = [f"# A memprobe model file: every size of {cfg.name} ({source}), {parameters:,} parameters.",
+             "# The file's name (less .toml) names the model: save it as, say, my-model.toml, change the",
+             "# sizes that differ, and check it without compiling: memprobe models --model my-model.toml",
+             "# (A file can also name a preset as base = \"...\" and only the sizes that differ from it.)",
+             f"description = {_toml_value(description if description is not None else f'every size of {cfg.name}')}"]
+    values = model_mapping(cfg)
+    lines += [f"{k} = {_toml_value(v)}".ljust(32) + f"  # {KEY_HELP[k]}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def file_description(path: str) -> str | None:
+    """The free-text ``description`` of a model file (one :func:`load_model_file` accepted)."""
+    description = read_toml(Path(path), "model file").get("description")
+    return description if isinstance(description, str) else None
 
 
 def model_from_mapping(name: str, data: dict, where: str) -> ModelConfig:

@@ -226,6 +226,16 @@ def test_models_lists_the_presets_and_checks_a_model_file(tmp_path):
     [row] = json.loads(memprobe("models", "--model", str(path), "--format", "json").stdout)
     assert row["source"] == str(path) and row["vocab_size"] == 32768 and row["width"] == 1536
     assert "gemma4-e2b" in t.stdout and "4,647,449,891" in t.stdout
+    # Written out in full as a file of its own (its description kept), it is the same model.
+    written = memprobe("models", "--model", str(path), "--format", "toml")
+    assert written.returncode == 0 and not written.stderr, written.stderr
+    (tmp_path / "full.toml").write_text(written.stdout)
+    [full] = json.loads(memprobe("models", "--model", str(tmp_path / "full.toml"), "--format", "json").stdout)
+    assert {**full, "name": row["name"], "source": row["source"]} == row
+    assert f"{row['parameter_count']:,} parameters" in written.stdout
+    several = memprobe("models", "--format", "toml")
+    assert several.returncode == 2 and several.stderr.strip().startswith(
+        "memprobe: error: --format toml writes one model file: name one model with --model"), several.stderr
     path.write_text('base = "gemma4-e2b"\nnum_kv_heads = 3\n')
     bad = memprobe("models", "--model", str(path))
     assert bad.returncode == 2 and bad.stderr.strip() == (

@@ -20,7 +20,7 @@ from memprobe.model import (
     default_loss_chunks,
     reference_attention,
 )
-from memprobe.model_file import is_preset, load_model_file, model_mapping
+from memprobe.model_file import KEY_HELP, is_preset, load_model_file, model_mapping, model_toml
 from memprobe.plan import resolve_model
 from memprobe.strategy import CHECKPOINT_NAMES as STRATEGY_NAMES
 
@@ -160,6 +160,36 @@ def test_a_model_file_with_every_size_is_that_model(tmp_path):
     assert "base" not in tomllib.loads(path.read_text())
     assert dataclasses.replace(load_model_file(path), name="gemma4-e4b") == PRESETS["gemma4-e4b"]
     assert parameter_count(load_model_file(path)) == 7_518_069_034
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_a_model_written_out_as_a_file_reads_back_as_that_model(tmp_path, preset):
+    # What `memprobe models --format toml` writes: every key, each explained, read back to the
+    # same model and the same parameter count, under the file's own name.
+    cfg = PRESETS[preset]
+    count = parameter_count(cfg)
+    text = model_toml(cfg, count, "a memprobe preset")
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    mine = load_model_file(path)
+    assert mine.name == "mine" and not is_preset(mine)
+    assert dataclasses.replace(mine, name=preset) == cfg and parameter_count(mine) == count
+    data = tomllib.loads(text)
+    assert set(data) == {"description", *KEY_HELP} and "base" not in data
+    assert f"{count:,} parameters" in text.splitlines()[0]
+    for key, help_ in KEY_HELP.items():
+        [line] = [line for line in text.splitlines() if line.startswith(f"{key} = ")]
+        assert line.endswith(f"  # {help_}")
+
+
+def test_a_written_model_file_keeps_any_description(tmp_path):
+    # Quotes, a backslash, a tab, DEL, accents and an emoji: TOML escapes differ from Python's
+    # and JSON's (no surrogate pairs, DEL escaped), and the text must come back as it went.
+    description = 'E2B "tuned" \\ for\tSpanish, niño \x7f 🚀'
+    path = tmp_path / "mine.toml"
+    path.write_text(model_toml(PRESETS["tiny-e2b"], 1, "x", description))
+    assert tomllib.loads(path.read_text())["description"] == description
+    assert dataclasses.replace(load_model_file(path), name="tiny-e2b") == PRESETS["tiny-e2b"]
 
 
 @pytest.mark.parametrize("name,text,message", [

@@ -11,9 +11,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from memprobe.model import PRESETS
-from memprobe.model_file import model_mapping, pattern_words
+from memprobe.errors import BadInput
+from memprobe.model_file import file_description, model_mapping, model_toml, pattern_words
 from memprobe.plan import resolve_model
-from memprobe.render import ListFormat, terminal_width
+from memprobe.render import ModelFormat, terminal_width
 from memprobe.render.columns import Column, fitted_table
 
 
@@ -21,13 +22,26 @@ def list_models(model: Annotated[list[str] | None, typer.Option(
         "--model", metavar="<name|file>", help="Show this preset or model file (repeatable; default: "
         "every preset). A model file that cannot build a model is refused in one line, so this "
         "checks one before a long compile.")] = None,
-                fmt: Annotated[ListFormat, typer.Option(
-                    "--format", help="table, or json: one object per model with every size, as a model "
-                    "file writes it, and its parameter count.")] = ListFormat.TABLE) -> int:
+                fmt: Annotated[ModelFormat, typer.Option(
+                    "--format", help="table; json: one object per model with every size, as a model file "
+                    "writes it, and its parameter count; toml: the one model named, every size written out "
+                    "with what it sets, as a model file to save and edit.")] = ModelFormat.TABLE) -> int:
     """List the model presets, or the presets and model files given, with their sizes and
     parameter counts (counted from shapes; nothing is compiled)."""
+    if fmt is ModelFormat.TOML:
+        if len(set(model or [])) != 1:
+            raise BadInput("--format toml writes one model file: name one model with --model "
+                           "(memprobe models --model gemma4-e2b --format toml > my-model.toml)")
+        [name] = set(model)
+        cfg = resolve_model(name)
+        from memprobe.build import parameter_count  # JAX: only once the name is known good
+
+        preset = name in PRESETS
+        sys.stdout.write(model_toml(cfg, parameter_count(cfg), "a memprobe preset" if preset else f"model file {name}",
+                                    None if preset else file_description(name)))
+        return 0
     rows = model_rows(model or list(PRESETS))
-    if fmt is ListFormat.JSON:
+    if fmt is ModelFormat.JSON:
         print(json.dumps(rows, indent=2))
         return 0
     columns = [Column("model", justify="left"), Column("parameters", justify="right"),

@@ -53,6 +53,14 @@ class ListFormat(str, enum.Enum):
     JSON = "json"
 
 
+class ModelFormat(str, enum.Enum):
+    """`memprobe models`: a table, JSON for scripts, or one model written out as a model file."""
+
+    TABLE = "table"
+    JSON = "json"
+    TOML = "toml"
+
+
 def terminal_width(file: IO[str], piped: int = 160) -> int:
     """The width to lay a table out in: $COLUMNS when it is set (as for rich's own consoles, and
     as for `less` or a CI log that asks for a width), else the terminal's, else ``piped``
