@@ -20,7 +20,7 @@ from memprobe.errors import BadInput, unknown
 from memprobe.gate import Tolerance, Verdict, limits, load_baseline, recheck
 from memprobe.liveness import EXPLAIN_SCHEMA, Explained, Explanation
 from memprobe.measure import Measurement
-from memprobe.plan import DEFAULT_MODEL, CompileJob, Optimizer, ParamDtype, Plan, Step, make_plan
+from memprobe.plan import DEFAULT_MODEL, CompileJob, Optimizer, ParamDtype, Plan, Step, job_labels, make_plan, sweep
 from memprobe.render import DEFAULT_TOP
 from memprobe.result import Result, read_json
 from memprobe.search import AXES, FitResult, RoundRunner, fit_plan, search_axis
@@ -75,14 +75,24 @@ def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: st
     return plan, skipped
 
 
-def run(plan: Plan, *, jobs: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True,
-        max_host_bytes: int | None = None, on_event: OnEvent | None = None) -> Result:
-    """Compiles (or answers from the results cache) every strategy of ``plan``, each in its
-    own process, ``jobs`` at a time (default: as many as cores and host memory allow)."""
+def run(plan: Plan | Sequence[Plan], *, jobs: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+        cache: bool = True, max_host_bytes: int | None = None, on_event: OnEvent | None = None) -> Result:
+    """Compiles (or answers from the results cache) every strategy of ``plan`` (or of each
+    plan of a sweep, all in one pool), each in its own process, ``jobs`` at a time (default:
+    as many as cores and host memory allow)."""
     check_run(jobs, timeout_s)
-    return Result(compile_labelled(plan.jobs(), [s.name for s in plan.strategies], jobs=jobs,
+    plans = [plan] if isinstance(plan, Plan) else list(plan)
+    return Result(compile_labelled([j for p in plans for j in p.jobs()], job_labels(plans), jobs=jobs,
                                    timeout_s=timeout_s, cache=cache, max_host_bytes=max_host_bytes,
                                    on_event=on_event))
+
+
+def listed(value: int | Sequence[int], option: str) -> list[int]:
+    """One value or several (a sweep), as a list; an empty list is refused."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not values:
+        raise BadInput(f"{option}: give at least one value")
+    return values
 
 
 def compile_labelled(wanted: list[CompileJob], labels: list[str], *, jobs: int | None, timeout_s: float,
@@ -95,7 +105,7 @@ def compile_labelled(wanted: list[CompileJob], labels: list[str], *, jobs: int |
         max_host_bytes=default_host_cap() if max_host_bytes is None else max_host_bytes)
 
 
-def compare(*, seq: int = 24576, batch: int = 8, model: str = DEFAULT_MODEL, target: str = DEFAULT_TARGET,
+def compare(*, seq: int | Sequence[int] = 24576, batch: int | Sequence[int] = 8, model: str = DEFAULT_MODEL, target: str = DEFAULT_TARGET,
             devices: int | None = None, topology: str | None = None,
             strategies: Sequence[str | Strategy] | str | None = None,
             strategy_files: Iterable[Path] = (), strategies_dirs: Iterable[Path] = (),
@@ -110,13 +120,18 @@ def compare(*, seq: int = 24576, batch: int = 8, model: str = DEFAULT_MODEL, tar
     target has no host memory), per-device peak figures in the result.
 
     ``max_host_bytes``: host memory one compile process may use before it is stopped and
-    its row marked failed (default 90% of this machine's memory)."""
-    plan, _ = resolve_plan(seq=seq, batch=batch, model=model, target=target, devices=devices,
+    its row marked failed (default 90% of this machine's memory).
+
+    ``seq`` and ``batch`` may each be a list: a sweep, every strategy at every pair (lengths
+    outer), one comparison per pair in the result; progress then names the shapes
+    ("checkpoint @ seq 8192")."""
+    seqs, batches = listed(seq, "seq"), listed(batch, "batch")
+    plan, _ = resolve_plan(seq=seqs[0], batch=batches[0], model=model, target=target, devices=devices,
                            topology=topology, strategies=strategies, strategy_files=strategy_files,
                            strategies_dirs=strategies_dirs, loss_chunks=loss_chunks, step=step,
                            optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)
-    return run(plan, jobs=jobs, timeout_s=timeout_s, cache=cache, max_host_bytes=max_host_bytes,
-               on_event=on_event)
+    return run(sweep(plan, seqs, batches, loss_chunks), jobs=jobs, timeout_s=timeout_s, cache=cache,
+               max_host_bytes=max_host_bytes, on_event=on_event)
 
 
 def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: str | int | None = None,
@@ -129,8 +144,8 @@ def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: 
     tol, budget = limits(tolerance, max_peak)
     base = load_baseline(Path(baseline), allow_version_drift)
     return recheck(base, Path(baseline), tol, budget,
-                   lambda plan: run(plan, jobs=jobs, timeout_s=timeout_s, cache=cache,
-                                    max_host_bytes=max_host_bytes, on_event=on_event).measurements)
+                   lambda plans: run(plans, jobs=jobs, timeout_s=timeout_s, cache=cache,
+                                     max_host_bytes=max_host_bytes, on_event=on_event).measurements)
 
 
 def fit(*, vary: str = "batch", seq: int | None = None, batch: int | None = None, model: str = DEFAULT_MODEL,

@@ -85,6 +85,14 @@ def judge(base: Measurement, now: Measurement, tolerance: Tolerance, max_peak: i
     return Verdict(base, now, "ok")
 
 
+def configuration(b: Measurement) -> str:
+    """A baseline row's configuration in a few words, as the gate's table names it."""
+    where = f"{b.model} seq {b.seq_len} x {b.batch_per_device} on {b.topology or b.target}"
+    if b.step != "train" or b.optimizer != "adamw" or b.param_dtype != "fp32" or b.grad_accum != 1:
+        where += f", {b.step} step ({recipe(b.step, b.optimizer, b.param_dtype, b.grad_accum)})"
+    return where
+
+
 def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
     import pandas as pd
 
@@ -92,11 +100,8 @@ def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
     rows = []
     for v in verdicts:
         b, n = v.base, v.now
-        where = f"{b.model} seq {b.seq_len} x {b.batch_per_device} on {b.topology or b.target}"
-        if b.step != "train" or b.optimizer != "adamw" or b.param_dtype != "fp32" or b.grad_accum != 1:
-            where += f", {b.step} step ({recipe(b.step, b.optimizer, b.param_dtype, b.grad_accum)})"
         rows.append({
-            "configuration": where,
+            "configuration": configuration(b),
             "strategy": b.strategy,
             "baseline GiB": f"{b.peak_bytes / GIB:.3f}",
             "now GiB": f"{n.peak_bytes / GIB:.3f}" if n.ok else "-",
@@ -152,20 +157,27 @@ def limits(tolerance: str | Tolerance, max_peak: str | int | None) -> tuple[Tole
 
 
 def recheck(base: Result, where: Path, tolerance: Tolerance, max_peak: int | None,
-            compile_plan: Callable[[Plan], list[Measurement]]) -> list[Verdict]:
-    """Every configuration of the baseline compiled again by ``compile_plan`` (all of them
-    planned before the first compile) and judged, one verdict per strategy."""
-    verdicts: list[Verdict] = []
-    for group, plan in baseline_plans(base, where):
-        verdicts += [judge(b, n, tolerance, max_peak) for b, n in zip(group, compile_plan(plan))]
-    return verdicts
+            compile_plans: Callable[[list[Plan]], list[Measurement]]) -> list[Verdict]:
+    """Every configuration of the baseline compiled again by ``compile_plans`` (all of them
+    planned before the first compile, and compiled in one pool, so a sweep's shapes compile
+    side by side) and judged, one verdict per strategy."""
+    planned = baseline_plans(base, where)
+    now = iter(compile_plans([plan for _, plan in planned]))
+    return [judge(b, next(now), tolerance, max_peak) for group, _ in planned for b in group]
 
 
 def summary(verdicts: list[Verdict], tolerance: Tolerance, max_peak: int | None) -> str:
     failed = [v for v in verdicts if not v.passed]
+    several = len({configuration(v.base) for v in verdicts}) > 1
     return (f"memprobe check: {len(verdicts) - len(failed)} of {len(verdicts)} within tolerance {tolerance}"
             + (f" and under {max_peak / GIB:.2f} GiB" if max_peak is not None else "")
-            + ("" if not failed else "; failing: " + ", ".join(f"{v.base.strategy} ({v.status})" for v in failed)))
+            + ("" if not failed else "; failing: " + ", ".join(failing(v, several) for v in failed)))
+
+
+def failing(v: Verdict, several: bool) -> str:
+    """A failing verdict for the summary line: the strategy and its status, and its
+    configuration where the baseline has several (a sweep's shapes)."""
+    return f"{v.base.strategy} ({v.status}{', ' + configuration(v.base) if several else ''})"
 
 
 CHECK_SCHEMA = "memprobe.check"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Sequence
 from pathlib import Path
 
 from memprobe.errors import BadInput, unknown
@@ -162,7 +163,41 @@ def make_plan(*, model: str | ModelConfig, strategies: list[Strategy], target: T
         if s.offload and not target.has_host_memory:
             raise BadInput(f"{s.where}: offload: target {target.name} has no host memory space "
                            "to offload to")
+    return Plan(cfg, tuple(strategies), target, make_shapes(seq_len, batch_per_device, loss_chunks), step,
+                optimizer, param_dtype, grad_accum)
+
+
+def make_shapes(seq_len: int, batch_per_device: int, loss_chunks: int | None = None) -> Shapes:
+    """Checked shapes; ``loss_chunks`` None is the default for that length (chunks of <= 512)."""
     if isinstance(seq_len, int) and seq_len >= 1 and loss_chunks is None:
         loss_chunks = default_loss_chunks(seq_len)
-    shapes = Shapes(seq_len=seq_len, batch_per_device=batch_per_device, loss_chunks=loss_chunks)
-    return Plan(cfg, tuple(strategies), target, shapes, step, optimizer, param_dtype, grad_accum)
+    return Shapes(seq_len=seq_len, batch_per_device=batch_per_device, loss_chunks=loss_chunks)
+
+
+def sweep(plan: Plan, seqs: Sequence[int], batches: Sequence[int], loss_chunks: int | None = None) -> list[Plan]:
+    """``plan`` at every sequence length of ``seqs`` and per-device batch of ``batches`` (lengths
+    outer, in the order given, each pair once): a sweep compares one set of strategies at
+    several shapes. Every pair is checked before anything compiles."""
+    if not seqs or not batches:
+        raise BadInput("--seq and --batch: give at least one value each")
+    pairs = dict.fromkeys((s, b) for s in seqs for b in batches)
+    return [dataclasses.replace(plan, shapes=make_shapes(s, b, loss_chunks)) for s, b in pairs]
+
+
+def job_labels(plans: Sequence[Plan]) -> list[str]:
+    """What progress calls each compile of ``plans``: the strategy, and in a sweep the shapes
+    that vary ("checkpoint @ seq 8192", "checkpoint @ batch 4", "checkpoint @ 8192 x 4")."""
+    seqs = {p.shapes.seq_len for p in plans}
+    batches = {p.shapes.batch_per_device for p in plans}
+
+    def at(shapes: Shapes) -> str:
+        if len(batches) == 1:
+            return f" @ seq {shapes.seq_len}" if len(seqs) > 1 else ""
+        if len(seqs) == 1:
+            return f" @ batch {shapes.batch_per_device}"
+        return f" @ {shapes.seq_len} x {shapes.batch_per_device}"
+
+    labels = [s.name + at(p.shapes) for p in plans for s in p.strategies]
+    if len(set(labels)) < len(labels):  # plans that differ in more than shapes (a baseline's)
+        labels = [f"{s.name}{at(p.shapes)} [{i + 1}]" for i, p in enumerate(plans) for s in p.strategies]
+    return labels

@@ -67,6 +67,12 @@ COMPARE_BAD = [
     # Typer's own (pydantic's) words were "Input should be a valid integer, unable to parse ...".
     (["--seq", "abc"], "Invalid value for '--seq': 'abc' is not an integer"),
     (["--seq", "1.5"], "Invalid value for '--seq': '1.5' is not an integer"),
+    # A sweep's values are each checked, and all before any compile.
+    (["--seq", "512,abc"], "Invalid value for '--seq': 'abc' is not an integer (one value, or several separated by "
+                           "commas: --seq 4096,8192)"),
+    (["--seq", "512,"], "Invalid value for '--seq': '' is not an integer"),
+    (["--seq", "512,1000"], "--seq 1000 is not a multiple of the attention block (512)"),
+    (["--seq", "512", "--batch", "1,0"], "--batch must be a positive integer, got 0"),
     (["--timeout", "soon"], "Invalid value for '--timeout': 'soon' is not a number"),
     (["--format", "yaml"], "Invalid value for '--format': 'yaml' is not one of 'table', 'markdown', 'json'"),
     (["--batch", "0"], "--batch must be a positive integer, got 0"),
@@ -352,7 +358,7 @@ def test_help_gives_a_flag_no_value():
         assert memprobe(*command.split(), "-h", env=wide).stdout == r.stdout
     r = memprobe("compare", "--help", env=wide)
     assert re.search(r"--no-cache +Compile every strategy again", r.stdout), r.stdout
-    assert re.search(r"--seq +<int> +Sequence length", r.stdout), r.stdout
+    assert re.search(r"--seq +<int>\[,<int>...\] +Sequence length", r.stdout), r.stdout
     for option, takes in (("--model", "<name|file>"), ("--target", "<name>"), ("--topology", "<topology>"),
                           ("--timeout", "<seconds>")):
         assert re.search(f"{option} +{re.escape(takes)} ", r.stdout), (option, r.stdout)

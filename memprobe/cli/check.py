@@ -22,7 +22,7 @@ from rich.markup import escape
 
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, output_file
-from memprobe.cli.compare import check_run_options, run_plan
+from memprobe.cli.compare import check_run_options, run_plans
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.errors import BadInput
 from memprobe.gate import limits, load_baseline, recheck, summary, verdict_frame, verdicts_json
@@ -71,7 +71,7 @@ def check(
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
     base = load_baseline(baseline, allow_version_drift)
-    verdicts = recheck(base, baseline, tol, budget, lambda plan: run_plan(plan, timeout, jobs, no_cache, cap))
+    verdicts = recheck(base, baseline, tol, budget, lambda plans: run_plans(plans, timeout, jobs, no_cache, cap))
     frame = verdict_frame(verdicts)
     line = summary(verdicts, tol, budget)
     with output_file(output) as f:

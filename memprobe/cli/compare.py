@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Annotated
@@ -14,16 +15,17 @@ from memprobe.cache import ResultCache
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, write_result
 from memprobe.compile import DEFAULT_TIMEOUT_S, check_run, compile_jobs, default_host_cap, default_parallel
+from memprobe.errors import BadInput
 from memprobe.measure import Measurement, host_ram_check, parse_positive_size, with_host_ram
-from memprobe.plan import DEFAULT_MODEL, CompileJob, ParamDtype, Plan, Step
+from memprobe.plan import DEFAULT_MODEL, CompileJob, ParamDtype, Plan, Step, job_labels, sweep
 from memprobe.render import Format
 from memprobe.result import Result
 from memprobe.targets import DEFAULT_TARGET
 
 
 def compare(
-    seq: o.Seq = 24576,
-    batch: o.Batch = 8,
+    seq: o.Seqs = "24576",
+    batch: o.Batches = "8",
     model: o.Model = DEFAULT_MODEL,
     target: o.Target = DEFAULT_TARGET,
     devices: o.Devices = None,
@@ -50,16 +52,18 @@ def compare(
 
     Figures are the compiler's estimates from memory_analysis(); nothing runs on a device.
     Exit code 1 when any strategy failed to compile (the table still shows the others).
+    Several lengths or batches (--seq 4096,8192) make a sweep: a table per shape, and one of
+    the peaks at every shape.
     """
-    plan, skipped = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
+    plans, skipped = plans_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
                                       strategies_dir, loss_chunks, step, optimizer, param_dtype,
                                       grad_accum)
     cap = check_run_options(timeout, jobs, max_host_memory)
-    ram = host_ram_check(plan.target, host_ram, devices_per_host)
+    ram = host_ram_check(plans[0].target, host_ram, devices_per_host)
     check_writable(output)
     check_writable(chart, "--chart")
-    say_skipped(plan, skipped)
-    measurements = run_plan(plan, timeout, jobs, no_cache, cap)
+    say_skipped(plans[0], skipped)
+    measurements = run_plans(plans, timeout, jobs, no_cache, cap)
     if ram is not None:
         measurements = with_host_ram(measurements, ram[0], devices_per_host)
     write_result(Result(measurements, command=command_line()), format, output, chart)
@@ -68,8 +72,8 @@ def compare(
 
 def baseline(
     output: Annotated[Path, typer.Option("--output", "-o", help="The baseline JSON file to write.")],
-    seq: o.Seq = 24576,
-    batch: o.Batch = 8,
+    seq: o.Seqs = "24576",
+    batch: o.Batches = "8",
     model: o.Model = DEFAULT_MODEL,
     target: o.Target = DEFAULT_TARGET,
     devices: o.Devices = None,
@@ -90,14 +94,15 @@ def baseline(
     """Compile like `compare` and write the result as a baseline for `memprobe check`.
 
     Nothing is written when a strategy fails to compile (exit code 1): a baseline must be whole.
+    Several lengths or batches (--seq 4096,8192) gate every shape.
     """
-    plan, skipped = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
-                                      strategies_dir, loss_chunks, step, optimizer, param_dtype,
-                                      grad_accum)
+    plans, skipped = plans_from_options(seq, batch, model, target, devices, topology, strategies,
+                                        strategy_file, strategies_dir, loss_chunks, step, optimizer,
+                                        param_dtype, grad_accum)
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
-    say_skipped(plan, skipped)
-    measurements = run_plan(plan, timeout, jobs, no_cache, cap)
+    say_skipped(plans[0], skipped)
+    measurements = run_plans(plans, timeout, jobs, no_cache, cap)
     result = Result(measurements, command=command_line())
     if not all(m.ok for m in measurements):
         write_result(result, Format.TABLE, None)
@@ -105,6 +110,18 @@ def baseline(
         return 1
     write_result(result, Format.JSON, output)
     return 0
+
+
+def plans_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
+                       strategies_dir, loss_chunks, step, optimizer, param_dtype,
+                       grad_accum) -> tuple[list[Plan], list[str]]:
+    """The checked plans of the CLI's options, one per shape of a sweep (--seq 4096,8192), and
+    the default offload strategies they leave out."""
+    seqs, batches = int_list(seq, "--seq"), int_list(batch, "--batch")
+    plan, skipped = plan_from_options(seqs[0], batches[0], model, target, devices, topology, strategies,
+                                      strategy_file, strategies_dir, loss_chunks, step, optimizer, param_dtype,
+                                      grad_accum)
+    return sweep(plan, seqs, batches, loss_chunks), skipped
 
 
 def plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
@@ -115,6 +132,23 @@ def plan_from_options(seq, batch, model, target, devices, topology, strategies, 
                         topology=topology, strategies=strategy_names(strategies), strategy_files=strategy_file or (),
                         strategies_dirs=strategies_dir or (), loss_chunks=loss_chunks, step=step,
                         optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)
+
+
+def int_list(text: str, option: str) -> list[int]:
+    """A comma-separated list of integers (a sweep's lengths or batches), each said once; the
+    values' own checks (positive, a multiple of the attention block) come with the plan."""
+    parts = [p.strip() for p in str(text).split(",")]
+    values = []
+    for part in parts:
+        try:
+            values.append(int(part))
+        except ValueError:
+            raise BadInput(f"Invalid value for '{option}': {part!r} is not an integer (one value, or several "
+                           f"separated by commas: {option} 4096,8192)") from None
+    twice = [v for v in dict.fromkeys(values) if values.count(v) > 1]
+    if twice:
+        messages().print(f"memprobe: {', '.join(map(str, twice))} named more than once in {option}; measured once")
+    return list(dict.fromkeys(values))
 
 
 def say_skipped(plan: Plan, skipped: list[str]) -> None:
@@ -133,12 +167,21 @@ def check_run_options(timeout: float, jobs: int | None, max_host_memory: str | N
     return parse_positive_size(max_host_memory, "--max-host-memory")
 
 
-def run_plan(plan: Plan, timeout: float, jobs: int | None, no_cache: bool,
-             max_host_bytes: int | None = None) -> list[Measurement]:
-    """Compiles (or answers from the cache) every job of ``plan``, showing progress on stderr."""
-    n = len(plan.strategies)
-    return run_jobs(plan.jobs(), f"{n} strateg{'y' if n == 1 else 'ies'} for {plan.model.name} on "
-                    f"{plan.target.label}", timeout, jobs, no_cache, max_host_bytes)
+def run_plans(plans: list[Plan], timeout: float, jobs: int | None, no_cache: bool,
+              max_host_bytes: int | None = None) -> list[Measurement]:
+    """Compiles (or answers from the cache) every job of ``plans`` in one pool, showing progress
+    on stderr."""
+    jobs_ = [j for p in plans for j in p.jobs()]
+    first = plans[0]
+    n = len(first.strategies)
+    what = f"{n} strateg{'y' if n == 1 else 'ies'}"
+    if any(dataclasses.replace(p, shapes=first.shapes) != first for p in plans):  # a baseline's mix
+        what = f"{len(jobs_)} compiles of {len(plans)} configurations"
+    else:
+        if len(plans) > 1:
+            what += f" at {len(plans)} shapes ({len(jobs_)} compiles)"
+        what += f" for {first.model.name} on {first.target.label}"
+    return run_jobs(jobs_, what, timeout, jobs, no_cache, max_host_bytes, job_labels(plans))
 
 
 def run_jobs(jobs: list[CompileJob], what: str, timeout: float, parallel: int | None, no_cache: bool,

@@ -15,6 +15,7 @@ from memprobe.flags import OVER_CAPACITY, OVER_HOST_RAM, VERDICT_FLAGS, sanity_f
 from memprobe.measure import GIB, Measurement, flops_ratio
 from memprobe.model_file import describe, model_from_mapping
 from memprobe.plan import recipe
+from memprobe.result import config_of
 
 COLUMNS = [
     "rank", "strategy", "peak_gib", "pct_of_hbm", "delta_gib", "temp_gib", "argument_gib",
@@ -260,3 +261,80 @@ def comparison_frame(measurements: list[Measurement]) -> pd.DataFrame:
     out = pd.concat([ranked, df[~ok]], ignore_index=True)
     out["rank"] = out["rank"].astype("Int64")
     return out
+
+
+SHAPE_FIELDS = ("seq_len", "batch_per_device", "loss_chunks")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """One set of strategies at several shapes (``--seq 4096,8192``), side by side: ``peaks``
+    has a row per strategy (first-seen order) and a column per shape, the peak in GiB (NaN
+    where that compile failed or was not made); ``verdicts`` the same cells' verdicts: fits,
+    what the peak is over, "failed", "" (no capacity known to judge by) or None (not compiled
+    at that shape); ``answers`` each shape's answer as its table states it."""
+
+    title: str
+    peaks: pd.DataFrame
+    verdicts: pd.DataFrame
+    answers: dict[str, Answer | None]
+
+    def cell(self, strategy: str, label: str, spec: str) -> tuple[str, bool]:
+        """A cell as text ("12.34", "412.30 over capacity", "failed", "-" where not compiled) and
+        whether it is over a capacity or failed (each format marks those its own way)."""
+        value, v = self.peaks.loc[strategy, label], self.verdicts.loc[strategy, label]
+        if v == "failed":
+            return "failed", True
+        if isinstance(v, str) and v not in ("fits", ""):
+            return f"{fmt(value, spec)} {v}", True
+        return fmt(value, spec), False
+
+    def notes(self) -> list[str]:
+        """Each shape's answer in a line ("seq 8192: cheapest that fits: checkpoint"), and
+        what a "-" cell means where there is one."""
+        lines = [f"{label}: {a.label[0].lower()}{a.label[1:]}: {a.strategy}" if a else f"{label}: nothing compiled"
+                 for label, a in self.answers.items()]
+        if self.verdicts.isna().to_numpy().any():
+            lines.append("-: that strategy was not compiled at that shape.")
+        return lines
+
+
+def shape_label(m: Measurement, seqs: int, batches: int) -> str:
+    """A shape named by what varies across ``seqs`` lengths and ``batches`` batches."""
+    if batches == 1:
+        return f"seq {m.seq_len}"
+    if seqs == 1:
+        return f"batch {m.batch_per_device}"
+    return f"{m.seq_len} x {m.batch_per_device}"
+
+
+def sweep(groups: list[list[Measurement]]) -> Sweep | None:
+    """The comparisons side by side when there are several and they differ only in their
+    shapes (a sweep, or results of several lengths merged), shortest and smallest first; None
+    otherwise."""
+    if len(groups) < 2:
+        return None
+    rest = [{**{k: v for k, v in config_of(g[0]).items() if k not in SHAPE_FIELDS},
+             "model_config": g[0].model_config} for g in groups]
+    if any(r != rest[0] for r in rest[1:]):
+        return None
+    groups = sorted(groups, key=lambda g: (g[0].seq_len, g[0].batch_per_device))  # shorter, smaller first
+    seqs = len({g[0].seq_len for g in groups})
+    batches = len({g[0].batch_per_device for g in groups})
+    labels = [shape_label(g[0], seqs, batches) for g in groups]
+    if len(set(labels)) < len(labels):  # one shape twice, at two loss chunkings: not a sweep
+        return None
+    strategies = list(dict.fromkeys(m.strategy for g in groups for m in g))
+    peaks = pd.DataFrame(math.nan, index=strategies, columns=labels)
+    verdicts = pd.DataFrame(None, index=strategies, columns=labels, dtype=object)
+    for label, group in zip(labels, groups):
+        for m in group:
+            if m.ok:
+                peaks.loc[m.strategy, label] = m.peak_bytes / GIB
+            verdicts.loc[m.strategy, label] = (verdict(m) or "") if m.ok else "failed"
+    m = groups[0][0]
+    what = f"{m.model} {step_name(m)}"  # and the one length or batch all shapes share
+    what += f" (per-device batch {m.batch_per_device}{per_microbatch(m)})" if batches == 1 else ""
+    what += f" (seq {m.seq_len})" if seqs == 1 else ""
+    return Sweep(f"{what} on {where(m)}: peak GiB per device at each shape (compiler estimate)", peaks, verdicts,
+                 {label: answer(g) for label, g in zip(labels, groups)})

@@ -6,9 +6,11 @@ import base64
 import html
 from typing import IO
 
+import pandas as pd
+
 from memprobe.flags import sanity_flags
 from memprobe.render import chart, markdown
-from memprobe.render.frame import answer, footnotes, title
+from memprobe.render.frame import Sweep, answer, footnotes, sweep, title
 from memprobe.result import Result
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
@@ -20,7 +22,12 @@ td{text-align:right}td:nth-child(2),td:nth-child(12),td:nth-child(13){text-align
 def render(result: Result, file: IO[str]) -> None:
     file.write(f"<!doctype html>\n<html><head><meta charset='utf-8'><title>memprobe report</title>"
                f"<style>{_STYLE}</style></head><body>\n")
-    for group in result.comparisons:
+    groups = result.comparisons
+    sw = sweep(groups)
+    if sw is not None:
+        file.write(f"<h2>{html.escape(sw.title)}</h2>\n" + _sweep_table(sw)
+                   + "<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in sw.notes()) + "</ul>\n")
+    for group in groups:
         file.write(f"<h2>{html.escape(title(group[0]))}</h2>\n")
         file.write(markdown.markdown_frame(group).to_html(index=False, escape=True, border=0))
         a = answer(group)
@@ -35,3 +42,12 @@ def render(result: Result, file: IO[str]) -> None:
         file.write("<div class='notes'><ul>" + "".join(
             f"<li>{html.escape(n)}</li>" for n in footnotes(group, result.command)) + "</ul></div>\n")
     file.write("</body></html>\n")
+
+
+def _sweep_table(sw: Sweep) -> str:
+    """A sweep's peaks, a cell over capacity (or failed) in bold."""
+    out = pd.DataFrame({"strategy": [html.escape(str(s)) for s in sw.peaks.index]})
+    for label in sw.peaks.columns:
+        cells = [sw.cell(strategy, label, ".2f") for strategy in sw.peaks.index]
+        out[html.escape(label)] = [f"<b>{html.escape(t)}</b>" if marked else html.escape(t) for t, marked in cells]
+    return out.to_html(index=False, escape=False, border=0)

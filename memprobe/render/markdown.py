@@ -9,7 +9,7 @@ import pandas as pd
 
 from memprobe.flags import sanity_flags
 from memprobe.measure import Measurement
-from memprobe.render.frame import answer, comparison_frame, fmt, footnotes, pct, title
+from memprobe.render.frame import Sweep, answer, comparison_frame, fmt, footnotes, pct, sweep, title
 from memprobe.result import Result
 
 
@@ -44,8 +44,26 @@ def _verdict(value, error) -> str:
     return "fits" if value == "fits" else f"**{value}**"
 
 
+def sweep_frame(sw: Sweep) -> pd.DataFrame:
+    """A sweep's peaks as display strings: a row per strategy, a column per shape; a cell over
+    capacity in bold, saying what it is over."""
+    out = pd.DataFrame({"strategy": sw.peaks.index})
+    for label in sw.peaks.columns:
+        cells = [sw.cell(strategy, label, ".2f") for strategy in sw.peaks.index]
+        out[label] = [f"**{text}**" if marked else text for text, marked in cells]
+    return out
+
+
 def render(result: Result, file: IO[str]) -> None:
-    for group in result.comparisons:
+    groups = result.comparisons
+    sw = sweep(groups)
+    if sw is not None:  # the sweep first: one table to read, the detail below
+        file.write(f"## {sw.title}\n\n")
+        frame = sweep_frame(sw)
+        file.write(frame.to_markdown(index=False, disable_numparse=True,
+                                     colalign=["left"] + ["right"] * (len(frame.columns) - 1)))
+        file.write("\n\n" + "".join(f"- {line}\n" for line in sw.notes()) + "\n")
+    for group in groups:
         file.write(f"## {title(group[0])}\n\n")
         frame = markdown_frame(group)
         align = ["left" if c in ("strategy", "verdict", "flags") else "right" for c in frame.columns]

@@ -14,7 +14,7 @@ from memprobe.flags import sanity_flags
 from memprobe.measure import GIB, Measurement
 from memprobe.render import terminal_width
 from memprobe.render.columns import Column, fitted_table
-from memprobe.render.frame import answer, comparison_frame, fmt, footnotes, pct, title
+from memprobe.render.frame import Sweep, answer, comparison_frame, fmt, footnotes, pct, title
 
 
 def _verdict(value) -> str:
@@ -76,3 +76,22 @@ def render(measurements: list[Measurement], file: IO[str], *, width: int | None 
     a = answer(measurements, gib_places(measurements))
     if a is not None:  # the answer, under the table where the eye lands
         console.print(Text.assemble((f"{a.label}: {a.strategy}", "bold"), a.rest))
+
+
+def render_sweep(sw: Sweep, places: int, file: IO[str], *, width: int | None = None) -> None:
+    """The peaks of a sweep side by side, a row per strategy and a column per shape; a cell
+    over capacity is red and says what it is over."""
+    width = width or terminal_width(file)
+    gib = f".{places}f"
+    columns = [Column("strategy", justify="left"), *(Column(label, wrap=True) for label in sw.peaks.columns)]
+    cells = []
+    for strategy in sw.peaks.index:
+        cells.append([escape(str(strategy))])
+        for label in sw.peaks.columns:
+            text, marked = sw.cell(strategy, label, gib)
+            cells[-1].append(f"[bold red]{text}[/]" if marked else text)
+    console = Console(file=file, width=width, soft_wrap=False)
+    console.print(Text(sw.title, style="bold"))
+    console.print(fitted_table("", columns, cells, [], width))
+    for line in sw.notes():
+        console.print(Text(line))

@@ -1,0 +1,127 @@
+"""A sweep: one set of strategies at several shapes (--seq 256,512), each shape its own
+comparison, the peaks side by side, and a baseline of it gated shape by shape."""
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+import memprobe as api
+from memprobe.plan import job_labels, make_plan, sweep
+from memprobe.render import Format, render
+from memprobe.result import Result
+from memprobe.strategy import load_catalogue, select
+from memprobe.targets import resolve_target
+from test_cli import memprobe
+
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
+SWEEP = ["--model", "tiny-e2b", "--target", "cpu", "--seq", "256,512", "--batch", "1",
+         "--strategies", "unrolled,checkpoint"]
+
+
+def _plan(seq=256, batch=1):
+    return make_plan(model="tiny-e2b", strategies=select(load_catalogue(), ["unrolled", "checkpoint"]),
+                     target=resolve_target("cpu", 1), seq_len=seq, batch_per_device=batch)
+
+
+def test_a_sweep_plans_every_pair_once_lengths_outer_and_names_each_compile():
+    plans = sweep(_plan(), [256, 512, 256], [1, 2])
+    assert [(p.shapes.seq_len, p.shapes.batch_per_device) for p in plans] == [(256, 1), (256, 2), (512, 1), (512, 2)]
+    assert [p.shapes.loss_chunks for p in plans] == [1, 1, 1, 1]  # each length's own default
+    assert job_labels(plans)[:3] == ["unrolled @ 256 x 1", "checkpoint @ 256 x 1", "unrolled @ 256 x 2"]
+    assert job_labels(sweep(_plan(), [256, 512], [1]))[2] == "unrolled @ seq 512"
+    assert job_labels(sweep(_plan(), [256], [1, 4]))[3] == "checkpoint @ batch 4"
+    assert job_labels([_plan()]) == ["unrolled", "checkpoint"]  # no sweep: the strategy alone
+    # Plans that differ in more than their shapes (a baseline's): numbered rather than confused.
+    assert job_labels([_plan(), _plan()]) == ["unrolled [1]", "checkpoint [1]", "unrolled [2]", "checkpoint [2]"]
+    # A shape that is refused is refused before anything compiles, naming its value.
+    with pytest.raises(api.BadInput, match="--seq 1000 is not a multiple of the attention block"):
+        sweep(_plan(), [256, 1000], [1])
+    with pytest.raises(api.BadInput, match="seq: give at least one value"):
+        api.compare(model="tiny-e2b", target="cpu", seq=[], batch=1)
+
+
+def test_a_sweep_compares_each_shape_and_a_baseline_of_it_gates_each(tmp_path):
+    out = tmp_path / "sweep.json"
+    r = memprobe("compare", *SWEEP, "--seq", "256,512,256", "--format", "json", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "memprobe: 256 named more than once in --seq; measured once" in r.stderr
+    assert "measuring 2 strategies at 2 shapes (4 compiles) for tiny-e2b on cpu" in r.stderr
+    assert "checkpoint @ seq 512" in r.stderr
+    result = Result.load(out)
+    short, long = result.comparisons
+    assert [(g[0].seq_len, [m.strategy for m in g]) for g in (short, long)] == [
+        (256, ["unrolled", "checkpoint"]), (512, ["unrolled", "checkpoint"])]
+    for a, b in zip(short, long):  # twice the tokens: more activations under either strategy,
+        assert 0 < a.peak_bytes < b.peak_bytes  # and the same parameters and optimizer state
+        assert 0 < b.argument_bytes - a.argument_bytes < a.argument_bytes / 100
+
+    # Side by side, every format: a row per strategy, a column per length, each shape's answer.
+    md = io.StringIO()
+    render(result, Format.MARKDOWN, md)
+    head = md.getvalue().split("\n\n")
+    assert head[0] == ("## tiny-e2b train step (per-device batch 1) on cpu, 1 device: peak GiB per device "
+                       "at each shape (compiler estimate)")
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]] for line in head[1].splitlines()[2:]}
+    assert rows == {m.strategy: [f"{m.peak_bytes / 2**30:.2f}", f"{n.peak_bytes / 2**30:.2f}"]
+                    for m, n in zip(short, long)}
+    assert head[2] == "- seq 256: lowest peak: checkpoint\n- seq 512: lowest peak: checkpoint"
+    table = io.StringIO()
+    render(result, Format.TABLE, table)
+    side = table.getvalue()[table.getvalue().index("at each shape"):]
+    checkpoint = next(line for line in side.splitlines() if "checkpoint " in line)
+    assert f"{short[1].peak_bytes / 2**30:.4f}" in checkpoint and f"{long[1].peak_bytes / 2**30:.4f}" in checkpoint
+    page = io.StringIO()
+    render(result, Format.HTML, page)
+    assert "<th>seq 512</th>" in page.getvalue()
+
+    # A baseline of the sweep: every shape gated, each against its own figures.
+    base = tmp_path / "baseline.json"
+    r = memprobe("baseline", *SWEEP, "--output", str(base))
+    assert r.returncode == 0, r.stderr
+    r = memprobe("check", "--baseline", str(base))
+    assert r.returncode == 0 and "4 of 4 within tolerance 2%" in r.stdout, r.stdout + r.stderr
+    data = json.loads(base.read_text())
+    row = data["comparisons"][1]["rows"][1]  # checkpoint at 512, 10% lower than it compiles
+    assert (data["comparisons"][1]["config"]["seq_len"], row["strategy"]) == (512, "checkpoint")
+    row["temp_bytes"] -= row["peak_bytes"] // 10
+    row["peak_bytes"] -= row["peak_bytes"] // 10
+    base.write_text(json.dumps(data))
+    r = memprobe("check", "--baseline", str(base))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert ("3 of 4 within tolerance 2%; failing: checkpoint (regressed, tiny-e2b seq 512 x 1 on cpu)"
+            in r.stdout)
+
+
+def test_results_of_several_shapes_merged_are_set_side_by_side_and_over_capacity_marked():
+    """The committed full-size E2B results on tpu7x at 8192 x 1 and 24576 x 8."""
+    paths = [REPORTS / "gemma4-e2b-seq24576-b8-tpu7x-8.json", REPORTS / "gemma4-e2b-seq8192-b1-tpu7x-8.json"]
+    result = Result([m for p in paths for m in Result.load(p).measurements])
+    small, big = sorted(result.comparisons, key=lambda g: g[0].seq_len)
+    md = io.StringIO()
+    render(result, Format.MARKDOWN, md)
+    head = md.getvalue().split("\n\n")
+    assert head[0].startswith("## gemma4-e2b train step on tpu7x:2x2x1, 8 devices: peak GiB per device at each shape")
+    header = [c.strip() for c in head[1].splitlines()[0].split("|")[1:-1]]
+    assert header == ["strategy", "8192 x 1", "24576 x 8"]  # shortest first, whatever the order given
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]]
+             for line in head[1].splitlines()[2:]}
+    assert [m.strategy for m in small] == [m.strategy for m in big] == list(cells)
+    for s, b in zip(small, big):
+        assert s.fits and not b.fits
+        assert cells[s.strategy] == [f"{s.peak_bytes / 2**30:.2f}", f"**{b.peak_bytes / 2**30:.2f} over capacity**"]
+    assert "- 8192 x 1: cheapest that fits: unrolled" in head[2]
+    assert "- 24576 x 8: nothing fits; lowest peak: scan-periods" in head[2]
+    # Only some strategies at a third length: the others' cells say they were not compiled.
+    third = Result.load(REPORTS / "gemma4-e2b-seq20480-b8-tpu7x-8.json").measurements
+    table = io.StringIO()
+    render(Result(result.measurements + third), Format.TABLE, table)
+    text = table.getvalue()
+    assert "-: that strategy was not compiled at that shape." in text
+    assert "20480 x 8" in text[text.index("at each shape"):]
+    # Results that differ in more than shape (another target) are not a sweep: no side by side.
+    other = io.StringIO()
+    render(Result(Result.load(paths[1]).measurements
+                  + Result.load(REPORTS / "gemma4-e2b-seq8192-b1-h100-8.json").measurements), Format.MARKDOWN, other)
+    assert "at each shape" not in other.getvalue()
