@@ -5,11 +5,15 @@ import io
 import json
 from pathlib import Path
 
+import matplotlib.image
+import numpy as np
 import pytest
 
 import memprobe as api
 from memprobe.plan import job_labels, make_plan, sweep
 from memprobe.render import Format, render
+from memprobe.render.chart import AXES, SWEEP_HEADROOM, render_sweep_png
+from memprobe.render.frame import sweep as sweep_of
 from memprobe.result import Result
 from memprobe.strategy import load_catalogue, select
 from memprobe.targets import resolve_target
@@ -44,8 +48,12 @@ def test_a_sweep_plans_every_pair_once_lengths_outer_and_names_each_compile():
 
 def test_a_sweep_compares_each_shape_and_a_baseline_of_it_gates_each(tmp_path):
     out = tmp_path / "sweep.json"
-    r = memprobe("compare", *SWEEP, "--seq", "256,512,256", "--format", "json", "-o", str(out))
+    r = memprobe("compare", *SWEEP, "--seq", "256,512,256", "--format", "json", "-o", str(out),
+                 "--chart", str(tmp_path / "c.png"))
     assert r.returncode == 0, r.stderr
+    # A chart per shape, and the sweep's: each strategy's peak as a line across the shapes.
+    assert sorted(p.name for p in tmp_path.glob("c*.png")) == ["c-1.png", "c-2.png", "c-sweep.png"]
+    assert matplotlib.image.imread(tmp_path / "c-sweep.png").shape[2] in (3, 4)
     assert "memprobe: 256 named more than once in --seq; measured once" in r.stderr
     assert "measuring 2 strategies at 2 shapes (4 compiles) for tiny-e2b on cpu" in r.stderr
     assert "checkpoint @ seq 512" in r.stderr
@@ -120,6 +128,19 @@ def test_results_of_several_shapes_merged_are_set_side_by_side_and_over_capacity
     text = table.getvalue()
     assert "-: that strategy was not compiled at that shape." in text
     assert "20480 x 8" in text[text.index("at each shape"):]
+    # The sweep chart: the HBM capacity's dashed line where the axis puts 94.74 GiB.
+    sw = sweep_of(result.comparisons)
+    img = matplotlib.image.imread(io.BytesIO(render_sweep_png(sw)))
+    red = np.array([0xC4, 0x4E, 0x52]) / 255
+    reddish = (np.abs(img[:, :, :3] - red).max(axis=2) < 0.2).sum(axis=1)  # antialiased: two rows
+    rows = np.flatnonzero(reddish > img.shape[1] / 4)  # a line across the axes, not the legend's dash
+    top = max(m.peak_bytes for g in result.comparisons for m in g) * SWEEP_HEADROOM
+    axes = AXES["top"] - AXES["bottom"]
+    expected = img.shape[0] * (1 - AXES["bottom"] - axes * small[0].capacity_bytes / top)
+    assert len(rows) and all(abs(r - expected) <= 2 for r in rows), (rows, expected)
+    page = io.StringIO()
+    render(result, Format.HTML, page)
+    assert page.getvalue().count("data:image/png;base64,") == 3  # the sweep's chart and each shape's
     # Results that differ in more than shape (another target) are not a sweep: no side by side.
     other = io.StringIO()
     render(Result(Result.load(paths[1]).measurements

@@ -63,7 +63,8 @@ FormatOpt = Annotated[Format, typer.Option("--format", help="table (terminal), m
 Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the result to this file "
                                              "instead of standard output.")]
 Chart = Annotated[Path | None, typer.Option("--chart", help="Also save a PNG chart: per strategy, "
-                                            "the peak's parts stacked, HBM capacity as a line.")]
+                                            "the peak's parts stacked, HBM capacity as a line; one per shape of a sweep "
+                                            "(FILE-1.png, ...) and FILE-sweep.png, each strategy's peak across the shapes.")]
 MaxHostMemory = Annotated[str | None, typer.Option(
     "--max-host-memory", metavar="<size>", help="Host memory one compile process may use before it is stopped and "
     "its row marked failed, e.g. 12GiB (default: 90% of this machine's memory).")]

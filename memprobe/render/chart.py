@@ -1,5 +1,6 @@
 """A PNG chart of one comparison: per strategy, a stacked bar of the peak's parts, with the
-device's HBM capacity as a horizontal line.
+device's HBM capacity as a horizontal line; and of a sweep, each strategy's peak as a line
+across the shapes, with the same capacity line.
 
 Parts, bottom to top: arguments (parameters, optimizer state, the batch), outputs not
 aliased to an argument, temporaries (activations, gradients, everything else the step
@@ -19,7 +20,7 @@ matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
 from memprobe.measure import GIB, Measurement  # noqa: E402
-from memprobe.render.frame import title  # noqa: E402
+from memprobe.render.frame import Sweep, title  # noqa: E402
 
 # Fixed axes placement, so a reader (and the tests) can find the bars in the image.
 AXES = {"left": 0.12, "right": 0.97, "bottom": 0.22, "top": 0.90}
@@ -83,6 +84,41 @@ def render_png(measurements: list[Measurement]) -> bytes:
     for lbl in ax.get_xticklabels():
         lbl.set_horizontalalignment("right")
     ax.legend(fontsize=7, loc="upper right", framealpha=0.9)
+    ax.spines[["top", "right"]].set_visible(False)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+#: The sweep chart's y axis runs from 0 to this much above the highest peak (or capacity).
+SWEEP_HEADROOM = 1.15
+
+
+def render_sweep_png(sw: Sweep) -> bytes:
+    """A sweep as PNG bytes: a line per strategy through its peaks at each shape (broken
+    where it was not compiled or failed, a lone point marked), shapes in the order of the sweep table, the HBM capacity
+    as a dashed line: where each strategy's line crosses it is where it stops fitting."""
+    labels = list(sw.peaks.columns)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(labels) + 4.0), 5.0), dpi=100)
+    fig.subplots_adjust(**{**AXES, "right": 0.72})  # the legend to the right of the lines
+    colours = plt.get_cmap("tab20").colors  # eleven built-in strategies: more than ten colours
+    markers = "osD^v<>ph*X"
+    for k, (strategy, peaks) in enumerate(sw.peaks.iterrows()):
+        # NaN (not compiled at that shape, or failed) breaks the line rather than bridging it.
+        ax.plot(range(len(labels)), list(peaks), marker=markers[k % len(markers)], markersize=4,
+                linewidth=1.4, color=colours[(2 * k) % 20 + (k // 10) % 2], label=str(strategy))
+    cap = sw.capacity_bytes / GIB if sw.capacity_bytes else None
+    top = max(float(sw.peaks.max().max()), cap or 0.0)
+    if cap:
+        ax.axhline(cap, color="#c44e52", linestyle="--", linewidth=1.2, label=f"HBM per device {cap:.2f} GiB")
+    ax.set_ylim(0, top * SWEEP_HEADROOM or 1.0)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_xlim(-0.3, len(labels) - 0.7)
+    ax.set_ylabel("peak GiB per device (compiler estimate)")
+    text, size = fitted_title(sw.title, 0.92 * fig.get_size_inches()[0], 9)
+    fig.suptitle(text, fontsize=size)  # over the whole figure: the axes leave room for the legend
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), framealpha=0.9)
     ax.spines[["top", "right"]].set_visible(False)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")

@@ -278,6 +278,7 @@ class Sweep:
     peaks: pd.DataFrame
     verdicts: pd.DataFrame
     answers: dict[str, Answer | None]
+    capacity_bytes: int | None = None  # the device's HBM, one target throughout
 
     def cell(self, strategy: str, label: str, spec: str) -> tuple[str, bool]:
         """A cell as text ("12.34", "412.30 over capacity", "failed", "-" where not compiled) and
@@ -337,4 +338,4 @@ def sweep(groups: list[list[Measurement]]) -> Sweep | None:
     what += f" (per-device batch {m.batch_per_device}{per_microbatch(m)})" if batches == 1 else ""
     what += f" (seq {m.seq_len})" if seqs == 1 else ""
     return Sweep(f"{what} on {where(m)}: peak GiB per device at each shape (compiler estimate)", peaks, verdicts,
-                 {label: answer(g) for label, g in zip(labels, groups)})
+                 {label: answer(g) for label, g in zip(labels, groups)}, m.capacity_bytes)
