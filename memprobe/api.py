@@ -105,8 +105,8 @@ def compile_labelled(wanted: list[CompileJob], labels: list[str], *, jobs: int |
         max_host_bytes=default_host_cap() if max_host_bytes is None else max_host_bytes)
 
 
-def compare(*, seq: int | Sequence[int] = 24576, batch: int | Sequence[int] = 8, model: str = DEFAULT_MODEL, target: str = DEFAULT_TARGET,
-            devices: int | None = None, topology: str | None = None,
+def compare(*, seq: int | Sequence[int] = 24576, batch: int | Sequence[int] = 8, model: str = DEFAULT_MODEL,
+            target: str = DEFAULT_TARGET, devices: int | None = None, topology: str | None = None,
             strategies: Sequence[str | Strategy] | str | None = None,
             strategy_files: Iterable[Path] = (), strategies_dirs: Iterable[Path] = (),
             loss_chunks: int | None = None, step: Step | str = Step.TRAIN,

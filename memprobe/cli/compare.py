@@ -55,9 +55,9 @@ def compare(
     Several lengths or batches (--seq 4096,8192) make a sweep: a table per shape, and one of
     the peaks at every shape.
     """
-    plans, skipped = plans_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
-                                      strategies_dir, loss_chunks, step, optimizer, param_dtype,
-                                      grad_accum)
+    plans, skipped = plans_from_options(seq, batch, model, target, devices, topology, strategies,
+                                        strategy_file, strategies_dir, loss_chunks, step, optimizer,
+                                        param_dtype, grad_accum)
     cap = check_run_options(timeout, jobs, max_host_memory)
     ram = host_ram_check(plans[0].target, host_ram, devices_per_host)
     check_writable(output)
