@@ -1,6 +1,7 @@
 """A sweep: one set of strategies at several shapes (--seq 256,512), each shape its own
 comparison, the peaks side by side, and a baseline of it gated shape by shape."""
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -141,6 +142,12 @@ def test_results_of_several_shapes_merged_are_set_side_by_side_and_over_capacity
     page = io.StringIO()
     render(result, Format.HTML, page)
     assert page.getvalue().count("data:image/png;base64,") == 3  # the sweep's chart and each shape's
+    # Every compile of the sweep failed (timed out, say): "failed" cells, and a chart still drawn.
+    failed = Result([dataclasses.replace(m, status="failed", error="timed out after 1 s") for m in result.measurements])
+    text = io.StringIO()
+    render(failed, Format.TABLE, text)
+    assert "8192 x 1: nothing compiled" in text.getvalue() and "│   failed │" in text.getvalue()
+    assert render_sweep_png(sweep_of(failed.comparisons)).startswith(b"\x89PNG")
     # Results that differ in more than shape (another target) are not a sweep: no side by side.
     other = io.StringIO()
     render(Result(Result.load(paths[1]).measurements

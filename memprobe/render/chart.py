@@ -109,7 +109,8 @@ def render_sweep_png(sw: Sweep) -> bytes:
         ax.plot(range(len(labels)), list(peaks), marker=markers[k % len(markers)], markersize=4,
                 linewidth=1.4, color=colours[(2 * k) % 20 + (k // 10) % 2], label=str(strategy))
     cap = sw.capacity_bytes / GIB if sw.capacity_bytes else None
-    top = max(float(sw.peaks.max().max()), cap or 0.0)
+    peaks = sw.peaks.stack().dropna()  # every compile failed: no peak, and no NaN for the axis
+    top = max(float(peaks.max()) if len(peaks) else 0.0, cap or 0.0)
     if cap:
         ax.axhline(cap, color="#c44e52", linestyle="--", linewidth=1.2, label=f"HBM per device {cap:.2f} GiB")
     ax.set_ylim(0, top * SWEEP_HEADROOM or 1.0)
