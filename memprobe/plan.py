@@ -184,18 +184,26 @@ def sweep(plan: Plan, seqs: Sequence[int], batches: Sequence[int], loss_chunks: 
     return [dataclasses.replace(plan, shapes=make_shapes(s, b, loss_chunks)) for s, b in pairs]
 
 
+def shape_label(seq_len: int, batch_per_device: int, seqs: int, batches: int) -> str:
+    """A shape of a sweep named by what varies across its ``seqs`` lengths and ``batches``
+    batches: "seq 8192", "batch 4" or "8192 x 4"."""
+    if batches == 1:
+        return f"seq {seq_len}"
+    if seqs == 1:
+        return f"batch {batch_per_device}"
+    return f"{seq_len} x {batch_per_device}"
+
+
 def job_labels(plans: Sequence[Plan]) -> list[str]:
     """What progress calls each compile of ``plans``: the strategy, and in a sweep the shapes
     that vary ("checkpoint @ seq 8192", "checkpoint @ batch 4", "checkpoint @ 8192 x 4")."""
-    seqs = {p.shapes.seq_len for p in plans}
-    batches = {p.shapes.batch_per_device for p in plans}
+    seqs = len({p.shapes.seq_len for p in plans})
+    batches = len({p.shapes.batch_per_device for p in plans})
 
     def at(shapes: Shapes) -> str:
-        if len(batches) == 1:
-            return f" @ seq {shapes.seq_len}" if len(seqs) > 1 else ""
-        if len(seqs) == 1:
-            return f" @ batch {shapes.batch_per_device}"
-        return f" @ {shapes.seq_len} x {shapes.batch_per_device}"
+        if seqs == batches == 1:
+            return ""
+        return " @ " + shape_label(shapes.seq_len, shapes.batch_per_device, seqs, batches)
 
     labels = [s.name + at(p.shapes) for p in plans for s in p.strategies]
     if len(set(labels)) < len(labels):  # plans that differ in more than shapes (a baseline's)

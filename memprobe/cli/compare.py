@@ -145,9 +145,7 @@ def int_list(text: str, option: str) -> list[int]:
         except ValueError:
             raise BadInput(f"Invalid value for '{option}': {part!r} is not an integer (one value, or several "
                            f"separated by commas: {option} 4096,8192)") from None
-    twice = [v for v in dict.fromkeys(values) if values.count(v) > 1]
-    if twice:
-        messages().print(f"memprobe: {', '.join(map(str, twice))} named more than once in {option}; measured once")
+    say_repeated(values, option)
     return list(dict.fromkeys(values))
 
 
@@ -204,11 +202,16 @@ def strategy_names(strategies: str | None) -> list[str] | str | None:
     if strategies is None or strategies.strip() == "all":
         return None if strategies is None else "all"
     names = [n.strip() for n in strategies.split(",") if n.strip()]
-    twice = [n for n in dict.fromkeys(names) if names.count(n) > 1]
-    if twice:
-        messages().print(f"memprobe: {', '.join(twice)} named more than once in --strategies; "
-                         "measured once")
+    say_repeated(names, "--strategies")
     return names
+
+
+def say_repeated(values: list, option: str) -> None:
+    """Says which values of a comma-separated option were given more than once: each is
+    measured once."""
+    twice = [str(v) for v in dict.fromkeys(values) if values.count(v) > 1]
+    if twice:
+        messages().print(f"memprobe: {', '.join(twice)} named more than once in {option}; measured once")
 
 
 def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, parallel: int, cache,

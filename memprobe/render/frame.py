@@ -14,7 +14,7 @@ import pandas as pd
 from memprobe.flags import OVER_CAPACITY, OVER_HOST_RAM, VERDICT_FLAGS, sanity_flags
 from memprobe.measure import GIB, Measurement, flops_ratio
 from memprobe.model_file import describe, model_from_mapping
-from memprobe.plan import recipe
+from memprobe.plan import recipe, shape_label
 from memprobe.result import config_of
 
 COLUMNS = [
@@ -300,15 +300,6 @@ class Sweep:
         return lines
 
 
-def shape_label(m: Measurement, seqs: int, batches: int) -> str:
-    """A shape named by what varies across ``seqs`` lengths and ``batches`` batches."""
-    if batches == 1:
-        return f"seq {m.seq_len}"
-    if seqs == 1:
-        return f"batch {m.batch_per_device}"
-    return f"{m.seq_len} x {m.batch_per_device}"
-
-
 def sweep(groups: list[list[Measurement]]) -> Sweep | None:
     """The comparisons side by side when there are several and they differ only in their
     shapes (a sweep, or results of several lengths merged), shortest and smallest first; None
@@ -322,7 +313,7 @@ def sweep(groups: list[list[Measurement]]) -> Sweep | None:
     groups = sorted(groups, key=lambda g: (g[0].seq_len, g[0].batch_per_device))  # shorter, smaller first
     seqs = len({g[0].seq_len for g in groups})
     batches = len({g[0].batch_per_device for g in groups})
-    labels = [shape_label(g[0], seqs, batches) for g in groups]
+    labels = [shape_label(g[0].seq_len, g[0].batch_per_device, seqs, batches) for g in groups]
     if len(set(labels)) < len(labels):  # one shape twice, at two loss chunkings: not a sweep
         return None
     strategies = list(dict.fromkeys(m.strategy for g in groups for m in g))
