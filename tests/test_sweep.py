@@ -4,6 +4,7 @@ comparison, the peaks side by side, and a baseline of it gated shape by shape.""
 import dataclasses
 import io
 import json
+import re
 from pathlib import Path
 
 import matplotlib.image
@@ -153,3 +154,42 @@ def test_results_of_several_shapes_merged_are_set_side_by_side_and_over_capacity
     render(Result(Result.load(paths[1]).measurements
                   + Result.load(REPORTS / "gemma4-e2b-seq8192-b1-h100-8.json").measurements), Format.MARKDOWN, other)
     assert "at each shape" not in other.getvalue()
+
+
+@pytest.mark.parametrize("width", [160, 100, 72, 60])
+def test_a_narrow_terminal_leaves_out_whole_shapes_never_digits(width):
+    """The committed full-size E2B results at four shapes side by side, on terminals of each
+    width: no line wider than the terminal, no ellipsis, every peak shown whole on its row,
+    the smallest shape always there, and the caption naming exactly the shapes left out,
+    largest first."""
+    from memprobe.render import table
+
+    names = ["seq8192-b1", "seq20480-b8", "seq24576-b7", "seq24576-b8"]
+    result = Result([m for n in names for m in Result.load(REPORTS / f"gemma4-e2b-{n}-tpu7x-8.json").measurements])
+    sw = sweep_of(result.comparisons)
+    labels = list(sw.peaks.columns)
+    assert labels == ["8192 x 1", "20480 x 8", "24576 x 7", "24576 x 8"]
+    out = io.StringIO()
+    table.render_sweep(sw, 2, out, width=width)
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width and "\u2026" not in text
+    top = next(i for i, line in enumerate(lines) if line.startswith("┏"))
+    under = next(i for i, line in enumerate(lines) if line.startswith("┡"))
+    left_out = re.search(r"Left out to fit \d+ columns: (.*?) \(a wider", " ".join(text.split()))
+    hidden = left_out.group(1).split(", ") if left_out else []
+    shown = labels[:len(labels) - len(hidden)]
+    assert hidden == labels[len(shown):][::-1] and labels[0] in shown  # the last shape goes first
+    assert lines[top].count("┳") == len(shown)  # the strategy column and a column per shape shown
+    # Four shapes need 67 columns ("scan-layers-offload", then "capacity" the longest word of
+    # a cell): at 60 the last shape goes.
+    assert hidden == ([] if width >= 67 else ["24576 x 8"])
+    body = lines[under + 1:next(i for i, line in enumerate(lines) if line.startswith("└"))]
+    for strategy in sw.peaks.index:
+        # A row's first line holds the strategy and each shown shape's peak, whole.
+        [row] = [line for line in body if line.startswith(f"│ {strategy} ")]
+        cells = [c.strip() for c in row.strip("│").split("│")[1:]]
+        for label, cell in zip(shown, cells):
+            value = sw.peaks.loc[strategy, label]
+            assert cell.split(" ")[0] == ("-" if value != value else f"{value:.2f}"), (strategy, label, cell)
+    assert "24576 x 8: nothing fits; lowest peak: scan-periods" in text  # every shape's answer stays

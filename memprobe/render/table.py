@@ -80,10 +80,14 @@ def render(measurements: list[Measurement], file: IO[str], *, width: int | None 
 
 def render_sweep(sw: Sweep, places: int, file: IO[str], *, width: int | None = None) -> None:
     """The peaks of a sweep side by side, a row per strategy and a column per shape; a cell
-    over capacity is red and says what it is over."""
+    over capacity is red and says what it is over. On a terminal too narrow for every shape,
+    the largest shapes are left out, last first, and the caption names them: a peak is never
+    cut or folded (each shape also has its own table above, and markdown has them all)."""
     width = width or terminal_width(file)
     gib = f".{places}f"
-    columns = [Column("strategy", justify="left"), *(Column(label, wrap=True) for label in sw.peaks.columns)]
+    labels = list(sw.peaks.columns)
+    columns = [Column("strategy", justify="left"),
+               *(Column(label, wrap=True, drop=None if k == 0 else len(labels) - k) for k, label in enumerate(labels))]
     cells = []
     for strategy in sw.peaks.index:
         cells.append([escape(str(strategy))])
@@ -92,6 +96,6 @@ def render_sweep(sw: Sweep, places: int, file: IO[str], *, width: int | None = N
             cells[-1].append(f"[bold red]{text}[/]" if marked else text)
     console = Console(file=file, width=width, soft_wrap=False)
     console.print(Text(sw.title, style="bold"))
-    console.print(fitted_table("", columns, cells, [], width))
+    console.print(fitted_table("", columns, cells, [], width, full="--format markdown"))
     for line in sw.notes():
         console.print(Text(line))
