@@ -142,7 +142,7 @@ def test_host_bytes_that_grew_fail_the_gate_though_the_peak_held(tmp_path):
     # doubles what a strategy puts in host RAM. Tiny E2B on a deviceless v5p: offload puts its
     # layer inputs in host memory; the check answers from the cache the baseline filled.
     path = tmp_path / "offload.json"
-    config = ["--model", "tiny-e2b", "--target", "v5p", "--devices", "4", "--seq", "1024", "--batch", "2",
+    config = ["--model", "tiny-e2b", "--target", "v5p", "--devices", "1", "--seq", "512", "--batch", "1",
               "--strategies", "checkpoint,offload"]
     r = memprobe("baseline", *config, "--output", str(path))
     assert r.returncode == 0, r.stderr
