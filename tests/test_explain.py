@@ -263,7 +263,7 @@ def test_on_tpu7x_what_sparsecores_copy_and_reduce_is_named_too():
     # tpu7x, the default target, hands layout copies and collectives to its SparseCores as
     # async calls. A real compile: all that explain may leave "other" is 512-byte scalars (the
     # compiler's constants, loop counters), and the SparseCores' work is named in the model's terms.
-    [job] = jobs_for("tiny-e2b", resolve_target("tpu7x"), seq=1024, batch=2, strategies=["checkpoint"]).values()
+    [job] = jobs_for("tiny-e2b", resolve_target("tpu7x"), seq=512, batch=1, strategies=["checkpoint"]).values()
     m, answer = explain_job(job)
     e = Explanation.from_dict(answer)
     assert m.ok and e.peak_live_bytes > 0
