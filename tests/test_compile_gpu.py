@@ -21,7 +21,7 @@ STRATEGIES = ("unrolled", "checkpoint", "offload")
 @functools.cache
 def gpu_results():
     """Each strategy compiled once; checkpoint and offload with the dump files on, for ``explain``."""
-    jobs = jobs_for("tiny-e2b", resolve_target("h100", 2), seq=1024, batch=2, strategies=STRATEGIES)
+    jobs = jobs_for("tiny-e2b", resolve_target("h100", 2), seq=1024, batch=1, strategies=STRATEGIES)
     out = {"unrolled": compile_job(jobs["unrolled"])}
     for name in ("checkpoint", "offload"):
         out[name], out[f"{name} explained"] = explain_job(jobs[name])
