@@ -244,19 +244,55 @@ def _worker_main(job_path: str, result_path: str, mode: str = "compile", parent:
 
 
 _GLOG_PREFIX = re.compile(r"^[FEWI]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ")
+# What libtpu logs at start-up on a machine without TPUs, whatever is compiled: never a reason.
+_STARTUP_NOISE = ("TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE", "Source Location Trace", "libtpu_init_utils")
+# Error-level lines reach a compile process's log (its own file, never the user's terminal):
+# they hold what libtpu says before it refuses a program, such as running out of HBM.
+WORKER_LOG_LEVELS = {"TPU_STDERR_LOG_LEVEL": "2", "TPU_MIN_LOG_LEVEL": "2"}
+_TPU_OOM = re.compile(r"Ran out of memory in memory space (\w+)\. Used ([\d.]+)G of ([\d.]+)G \w+\. "
+                      r"Exceeded \w+ capacity by ([\d.]+)G")
+_OOM_TOTAL = re.compile(r"^Total bytes: (\d+) ")
+_OOM_LARGEST = re.compile(r"^\s*[\d.]+\w+\(\s*\d+%\);\s*([\d.]+\w+);\s*\d+;\s*\d+;\s*(.+)$")
+
+
+def _log_lines(log_path: str) -> list[str]:
+    try:
+        return [l.strip() for l in Path(log_path).read_text(errors="replace").splitlines() if l.strip()]
+    except OSError:
+        return []
 
 
 def _log_reason(log_path: str) -> str:
     """The most telling line a crashed compile left in its log: a failed CHECK first."""
-    try:
-        lines = [l.strip() for l in Path(log_path).read_text(errors="replace").splitlines() if l.strip()]
-    except OSError:
-        return ""
+    lines = [l for l in _log_lines(log_path) if not any(n in l for n in _STARTUP_NOISE)]
     for keys in (("Check failed",), ("RESOURCE_EXHAUSTED", "MemoryError"), ("Error", "error")):
         for line in reversed(lines):
             if any(k in line for k in keys):
                 return one_line(_GLOG_PREFIX.sub("", line))
     return ""
+
+
+def compiler_oom(log_path: str, error: str) -> str:
+    """``error`` with what the TPU compiler logged before it, on running out of device memory
+    (``error`` alone if it did not): with --xla_tpu_no_crash_on_oom it goes on to report most
+    such programs' peaks, but refuses some ("Invalid TPU program"), and this says why."""
+    lines = _log_lines(log_path)
+    for i in range(len(lines) - 1, -1, -1):
+        m = _TPU_OOM.search(lines[i])
+        if not m:
+            continue
+        space, used, capacity, _ = m.groups()
+        total = largest = ""
+        for line in lines[i + 1: i + 8]:  # the memory usage report that follows
+            if (t := _OOM_TOTAL.match(line)) and not total:
+                total = f" ({int(t.group(1)):,} bytes)"
+            elif (b := _OOM_LARGEST.match(line)) and not largest:
+                size = re.sub(r"([\d.])([KMGT]iB)$", r"\1 \2", b.group(1))
+                largest = f"; its largest allocation, {size}, held {b.group(2).strip()}"
+        where = "HBM" if space == "hbm" else f"memory space {space}"
+        return (f"over {where}: the TPU compiler needed {used} GiB{total} of {capacity} GiB and refused "
+                f"the program ({error}){largest}")
+    return error
 
 
 Event = Callable[[int, str, float], None]
@@ -345,7 +381,7 @@ def _isolated(job: CompileJob, mode: str, timeout_s: float, tick: Callable[[floa
             proc = subprocess.Popen(
                 [sys.executable, "-m", "memprobe.compile", job_path, result_path, mode, str(os.getpid())],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=compile_environment(job.target), start_new_session=True,
+                env={**compile_environment(job.target), **WORKER_LOG_LEVELS}, start_new_session=True,
             )
             start = time.monotonic()
             try:
@@ -379,6 +415,8 @@ def _isolated(job: CompileJob, mode: str, timeout_s: float, tick: Callable[[floa
                 return {**reply, "seconds": round(time.monotonic() - start, 3)}
             if reply["status"] == "bad_input":
                 raise BadInput(reply["error"])
+            if "Invalid TPU program" in reply["error"]:
+                return compiler_oom(log_path, reply["error"])
             return reply["error"]
         code = proc.returncode
         why = _log_reason(log_path)

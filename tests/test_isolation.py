@@ -181,3 +181,43 @@ def test_a_stopped_explain_leaves_no_dump_behind(tmp_path, monkeypatch):
         explain_isolated(job, stop=stop)
     t.join()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_program_the_tpu_compiler_refuses_over_hbm_says_by_how_much(tmp_path):
+    # With no-crash-on-OOM libtpu reports most over-HBM programs' peaks, but refuses some
+    # with a bare "Invalid TPU program": here a 3-million-token vocabulary on one v5e device,
+    # whose fp32 logits alone are 5.72 GiB. The row says what the compiler logged first.
+    model = tmp_path / "tiny-v3m.toml"
+    model.write_text('description = "tiny-e2b, 3M vocabulary"\nbase = "tiny-e2b"\nvocab_size = 3000000\n')
+    r = memprobe("compare", "--model", str(model), "--target", "v5e", "--devices", "1", "--seq", "512",
+                 "--batch", "1", "--strategies", "unrolled", "--no-cache", "--format", "json")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    [row] = json.loads(r.stdout)["comparisons"][0]["rows"]
+    assert row["status"] == "failed" and row["peak_bytes"] is None
+    error = row["error"]
+    assert error.startswith("over HBM: the TPU compiler needed ") and " of 15.75 GiB and refused the program (" in error
+    assert "Invalid TPU program" in error and "f32[512,3000000]" in error, error
+    needed = int(error.split(" GiB (")[1].split(" bytes)")[0].replace(",", ""))
+    assert needed > row["capacity_bytes"] == 16_911_433_728
+    assert "TPU_WORKER_HOSTNAMES" not in r.stdout + r.stderr  # libtpu's start-up lines stay in the log
+
+
+def test_libtpus_start_up_lines_are_never_a_compile_failures_reason(tmp_path):
+    from memprobe.compile import _log_reason, compiler_oom
+
+    log = tmp_path / "compile.log"
+    startup = ("E0000 00:00:1796457191.370183   18939 common_lib.cc:860] INVALID_ARGUMENT: Error: unexpected "
+               "worker hostname 'WARNING: could not determine TPU worker hostnames or IP addresses' from env var "
+               "TPU_WORKER_HOSTNAMES.\n=== Source Location Trace: ===\nlearning/45eac/tfrc/runtime/libtpu_init_utils.cc:370\n")
+    log.write_text(startup)
+    assert _log_reason(str(log)) == "" and compiler_oom(str(log), "X: Invalid TPU program.") == "X: Invalid TPU program."
+    log.write_text(startup + "E1205 07:53:20.478970   18962 deepsea_compiler_base.cc:3540] XLA:TPU compile permanent "
+                   "error. Ran out of memory in memory space hbm. Used 19.89G of 15.75G hbm. Exceeded hbm capacity "
+                   "by 4.14G. HLO module: jit_train_step. Memory usage report:\n\nMemory Space: default (color=0)\n"
+                   "Total bytes: 21352807936 (19.89GiB)\n  cumulative_size;       size;       offset; "
+                   "used_by_n_values; shapes_list\n  ----------\n    5.72GiB( 41%);    5.72GiB;   6155304960;"
+                   "                2; 2×f32[512,3000000]\n   11.44GiB( 83%);    5.72GiB;     11304960;   7; bf16[9]\n")
+    assert _log_reason(str(log)).startswith("XLA:TPU compile permanent error. Ran out of memory in memory space hbm.")
+    assert compiler_oom(str(log), "X: Invalid TPU program.") == (
+        "over HBM: the TPU compiler needed 19.89 GiB (21,352,807,936 bytes) of 15.75 GiB and refused the program "
+        "(X: Invalid TPU program.); its largest allocation, 5.72 GiB, held 2×f32[512,3000000]")
