@@ -193,3 +193,23 @@ def test_a_narrow_terminal_leaves_out_whole_shapes_never_digits(width):
             value = sw.peaks.loc[strategy, label]
             assert cell.split(" ")[0] == ("-" if value != value else f"{value:.2f}"), (strategy, label, cell)
     assert "24576 x 8: nothing fits; lowest peak: scan-periods" in text  # every shape's answer stays
+
+
+def test_room_short_of_every_cell_goes_first_to_the_column_it_unfolds_most():
+    """At 100 columns the four committed E2B shapes cannot all show "over capacity" on one
+    line. Every strategy is over at 24576 x 8 and only scan-periods at 24576 x 7, so the room
+    there is goes to the former: one row breaks, not eleven (the room went left to right)."""
+    from memprobe.render import table
+
+    names = ["seq8192-b1", "seq20480-b8", "seq24576-b7", "seq24576-b8"]
+    result = Result([m for n in names for m in Result.load(REPORTS / f"gemma4-e2b-{n}-tpu7x-8.json").measurements])
+    sw = sweep_of(result.comparisons)
+    out = io.StringIO()
+    table.render_sweep(sw, 2, out, width=100)
+    lines = out.getvalue().splitlines()
+    body = lines[next(i for i, l in enumerate(lines) if l.startswith("┡")) + 1:
+                 next(i for i, l in enumerate(lines) if l.startswith("└"))]
+    assert max(len(line) for line in lines) <= 100
+    continued = [line for line in body if line.startswith("│ " + " " * 19 + " │")]
+    assert len(body) == len(sw.peaks.index) + len(continued) and len(continued) == 1, "\n".join(body)
+    assert all(line.rstrip().endswith("over capacity │") for line in body if line not in continued)

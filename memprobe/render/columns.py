@@ -74,7 +74,15 @@ def fitted_table(title: str, columns: list[Column], rows: list[list[str]], capti
     widths = [least for least, _ in sizes]
     slack = width - _total(widths)
     # Room left over goes to prose first, so it breaks less, then to headers, so they break less.
-    for k, (least, wanted) in [(k, n) for k, n in enumerate(sizes) if columns[shown[k]].wrap] + list(enumerate(sizes)):
+    # Among prose columns, first to the one that unfolds the most rows for each column of width
+    # it takes: a column of eleven "354.73 over capacity" cells before one with a single such cell.
+    def unfolded_per_column(k: int) -> float:
+        least, wanted = sizes[k]
+        folded = sum(_width(cell, False) > least for cell in by_column[shown[k]])
+        return folded / max(1, wanted - least)
+
+    prose = sorted((k for k in range(len(sizes)) if columns[shown[k]].wrap), key=lambda k: -unfolded_per_column(k))
+    for k, (least, wanted) in [(k, sizes[k]) for k in prose] + list(enumerate(sizes)):
         extra = max(0, min(slack, wanted - widths[k]))
         widths[k] += extra
         slack -= extra
