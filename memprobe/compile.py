@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from memprobe.errors import BadInput
-from memprobe.measure import Measurement
+from memprobe.measure import REFUSED_OVER_HBM, Measurement
 from memprobe.model_file import is_preset, model_mapping
 from memprobe.plan import CompileJob
 from memprobe.targets import Target
@@ -289,9 +289,8 @@ def compiler_oom(log_path: str, error: str) -> str:
             elif (b := _OOM_LARGEST.match(line)) and not largest:
                 size = re.sub(r"([\d.])([KMGT]iB)$", r"\1 \2", b.group(1))
                 largest = f"; its largest allocation, {size}, held {b.group(2).strip()}"
-        where = "HBM" if space == "hbm" else f"memory space {space}"
-        return (f"over {where}: the TPU compiler needed {used} GiB{total} of {capacity} GiB and refused "
-                f"the program ({error}){largest}")
+        head = REFUSED_OVER_HBM if space == "hbm" else f"over memory space {space}: the TPU compiler needed "
+        return f"{head}{used} GiB{total} of {capacity} GiB and refused the program ({error}){largest}"
     return error
 
 

@@ -24,6 +24,20 @@ if TYPE_CHECKING:
 
 GIB = 1024**3
 
+# How a failed row begins when the TPU compiler ran out of HBM and refused the program
+# (compile.compiler_oom writes it): that size is over HBM, though no peak was reported.
+REFUSED_OVER_HBM = "over HBM: the TPU compiler needed "
+_REFUSED_BYTES = re.compile(re.escape(REFUSED_OVER_HBM) + r"([\d.]+) GiB(?: \(([\d,]+) bytes\))?")
+
+
+def refused_over_hbm(error: str | None) -> int | None:
+    """The bytes of HBM the TPU compiler said it needed, for a row it refused over HBM; None
+    for any other failure (or none)."""
+    m = _REFUSED_BYTES.match(error or "")
+    if not m:
+        return None
+    return int(m.group(2).replace(",", "")) if m.group(2) else round(float(m.group(1)) * GIB)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Measurement:

@@ -39,7 +39,8 @@ import dataclasses
 from collections.abc import Callable
 
 from memprobe.errors import BadInput
-from memprobe.measure import GIB, Measurement, host_ram_check, parse_positive_size, with_host_ram
+from memprobe.measure import (GIB, Measurement, host_ram_check, parse_positive_size, refused_over_hbm,
+                              with_host_ram)
 from memprobe.model._config import attention_block_size, default_loss_chunks
 from memprobe.plan import CompileJob, Plan, Shapes
 
@@ -63,6 +64,9 @@ class StrategySearch:
     host_budget: int | None = None
     axis: str = "batch"
     unit: int = 1
+    # Sizes the TPU compiler refused over HBM ("Invalid TPU program" after running out of it):
+    # over, with no peak; the bytes it said it needed.
+    refused: dict[int, int] = dataclasses.field(default_factory=dict)
     error: str | None = None
     compiles: int = 0  # sizes measured, failed ones included
     rounds: int = 0
@@ -73,6 +77,8 @@ class StrategySearch:
 
     def over(self, n: int) -> list[str]:
         """Which limits a compiled size exceeds: "HBM" (or the budget), "host RAM"; empty when it fits."""
+        if n in self.refused:
+            return ["HBM"]
         out = ["HBM"] if self.peaks[n] > self.budget else []
         if self.host_budget is not None and self.hosts.get(n, 0) > self.host_budget:
             out.append("host RAM")
@@ -86,12 +92,17 @@ class StrategySearch:
     @property
     def smallest_over(self) -> int | None:
         """The smallest n compiled and over above ``largest``: the search stays between the two."""
-        return min((n for n in self.peaks if n > self.largest and self.over(n)), default=None)
+        return min((n for n in self.compiled if n > self.largest and self.over(n)), default=None)
 
     @property
     def over_below(self) -> list[int]:
         """Compiled sizes under the answer that are over: a smaller size is not always smaller."""
-        return sorted(n for n in self.peaks if n < self.largest and self.over(n))
+        return sorted(n for n in self.compiled if n < self.largest and self.over(n))
+
+    @property
+    def compiled(self) -> list[int]:
+        """Every size with an answer: a peak, or the compiler's refusal over HBM."""
+        return [*self.peaks, *self.refused]
 
     @property
     def dips(self) -> list[tuple[int, int, str]]:
@@ -112,7 +123,7 @@ class StrategySearch:
         """The n to compile next (one or two); empty when the search is over."""
         if self.done:
             return []
-        if not self.peaks:
+        if not self.compiled:
             return [1, 2] if self.max_n >= 2 else [1]
         lo, hi = self.largest, self.smallest_over
         top = hi - 1 if hi is not None else self.max_n  # the largest n still open
@@ -131,11 +142,14 @@ class StrategySearch:
         else:  # the two largest that fit (or compiled, when only one fits), every one of them at most lo
             fitting = sorted(n for n in self.peaks if not self.over(n))
             n1, n2 = fitting[-2:] if len(fitting) >= 2 else sorted(self.peaks)[-2:]
-        limits = [(self.peaks, self.budget)]
+        # A refused size's line runs through what the compiler said it needed.
+        limits = [({**self.refused, **self.peaks}, self.budget)]
         if self.host_budget is not None:
             limits.append((self.hosts, self.host_budget))
         guesses = [top]  # where nothing grows: try the far end
         for values, limit in limits:
+            if n1 not in values or n2 not in values:  # no host bytes for a refused size
+                continue
             slope = (values[n2] - values[n1]) / (n2 - n1)
             if slope > 0:
                 guesses.append(n1 + int((limit - values[n1]) // slope))
@@ -143,8 +157,12 @@ class StrategySearch:
 
     def record(self, n: int, m: Measurement) -> None:
         self.compiles += 1
-        if not m.ok:  # the first failure says most
-            self.error = self.error or f"{self.axis} {self.value(n)}: {m.error}"
+        if not m.ok:
+            needed = refused_over_hbm(m.error)
+            if needed is not None:
+                self.refused[n] = needed
+            else:  # the first failure says most
+                self.error = self.error or f"{self.axis} {self.value(n)}: {m.error}"
             return
         self.peaks[n] = m.peak_bytes
         self.hosts[n] = m.host_bytes
@@ -226,6 +244,7 @@ class FitResult:
                          "next_over": s.over(hi) if hi is not None else [],
                          "limit_reached": s.largest >= s.max_n, "error": s.error, "compiles": s.compiles,
                          "peaks": {str(s.value(n)): p for n, p in sorted(s.peaks.items())},
+                         "refused": {str(s.value(n)): b for n, b in sorted(s.refused.items())},
                          "hosts": {str(s.value(n)): h for n, h in sorted(s.hosts.items())},
                          "dips": [{a: s.value(n1), f"larger_{a}": s.value(n2), "of": what}
                                   for n1, n2, what in s.dips],
@@ -263,6 +282,7 @@ class FitResult:
                 fit.searches.append(StrategySearch(
                     row["strategy"], budget, max_n, peaks={int(v) // unit: int(p) for v, p in row["peaks"].items()},
                     hosts={int(v) // unit: int(h) for v, h in hosts.items()}, host_budget=fit.host_budget,
+                    refused={int(v) // unit: int(b) for v, b in row.get("refused", {}).items()},
                     axis=axis, unit=unit, error=row["error"], compiles=int(row["compiles"])))
         except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
             raise BadInput(f"{where}: not a memprobe fit result ({type(e).__name__}: {e})") from None

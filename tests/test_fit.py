@@ -51,6 +51,41 @@ def test_search_finds_the_largest_fitting_batch_in_few_rounds(curve, budget):
     assert all(len(r) <= 2 for r in rounds)
 
 
+@pytest.mark.parametrize("refused_from", [2, 6, 9, 40])
+def test_sizes_the_compiler_refuses_over_hbm_are_over_not_a_failed_search(refused_from):
+    # libtpu refuses some programs over HBM outright ("Invalid TPU program"); memprobe's row
+    # then says what the compiler needed. Such a size is over like any other, with no peak:
+    # the search goes on around it and answers, compiling no size twice.
+    from memprobe.measure import REFUSED_OVER_HBM
+    from memprobe.search import StrategySearch
+
+    def refused(b):
+        needed = 20_000 + 1_000 * b
+        return dataclasses.replace(_record(0), status="failed", error=(
+            f"{REFUSED_OVER_HBM}{needed / 2**30:.2f} GiB ({needed:,} bytes) of 15.75 GiB and refused the program "
+            "(JaxRuntimeError: INVALID_ARGUMENT: Invalid TPU program.)"))
+
+    sizes = []
+
+    def measure(pairs):
+        sizes.extend(b for _, b in pairs)
+        return [refused(b) if b >= refused_from else _record(5_000 + 300 * b) for _, b in pairs]
+
+    budget = 8_000  # batch 10 fits by the peaks alone
+    [s] = search(["s"], budget, 1024, measure)
+    assert s.error is None and len(sizes) == len(set(sizes))
+    assert s.largest == min(10, refused_from - 1) and s.smallest_over == s.largest + 1
+    assert s.over(s.smallest_over) == ["HBM"]
+    assert all(s.refused[b] == 20_000 + 1_000 * b for b in s.refused) and (s.largest + 1 in s.refused) == (refused_from <= 11)
+    # A saved fit keeps what was refused, and renders it again the same.
+    fit = FitResult([s], [_record(1)], budget, "HBM", 1024)
+    again = FitResult.from_json(json.loads(json.dumps(fit.to_json())))
+    assert again.searches[0].refused == s.refused and again.to_json()["rows"] == fit.to_json()["rows"]
+    note = _note(fit, s)
+    assert all(f"batch {b} refused by the TPU compiler over HBM (it needed" in note for b in s.refused), note
+    assert StrategySearch("s", budget, 4, refused={1: 9}).over(1) == ["HBM"]
+
+
 @pytest.mark.parametrize("host_budget", [500, 3_000, 9_999, 50_000, 10**9])
 @pytest.mark.parametrize("curve", ["linear", "convex"])
 def test_a_host_budget_binds_when_the_host_bytes_reach_it_first(curve, host_budget):
@@ -205,6 +240,27 @@ def test_fit_with_host_ram_stops_where_offload_fills_the_host(tmp_path):
     assert "and 0.00 GiB host RAM per host of 1 device on v5p:1x1x1" in md.stdout
     assert f"| offload | {b} | {b} |" in md.stdout and "| host RAM |" in md.stdout
     assert "over host RAM at batch 1" in md.stdout and f"at most {ram:,} bytes per device" in md.stdout
+
+
+def test_fit_counts_a_program_the_tpu_compiler_refuses_over_hbm_as_over(tmp_path):
+    # A 3-million-token vocabulary on one v5e device: libtpu runs out of HBM at batch 1 and
+    # refuses the program. The search does not stop there: batch 1 is over, and says why.
+    model, path = tmp_path / "tiny-v3m.toml", tmp_path / "fit.json"
+    model.write_text('description = "tiny-e2b, 3M vocabulary"\nbase = "tiny-e2b"\nvocab_size = 3000000\n')
+    data, rows, records = _fit_json(path, "--model", str(model), "--target", "v5e", "--devices", "1", "--seq", "512",
+                                    "--strategies", "unrolled", "--max-batch", "1")
+    row = rows["unrolled"]
+    assert row["error"] is None and (row["largest_batch"], row["next_batch"], row["next_over"]) == (0, 1, ["HBM"])
+    assert row["next_peak_bytes"] is None and row["refused"]["1"] > data["budget_bytes"] == 16_911_433_728
+    # The failed row says what libtpu logged before refusing: what it needed, to the byte
+    # (over the 15.75 GiB), and its largest allocation, the fp32 logits.
+    error = records[("unrolled", 1)]["error"]
+    assert error.startswith("over HBM: the TPU compiler needed ") and " of 15.75 GiB and refused the program (" in error
+    assert f"({row['refused']['1']:,} bytes)" in error and "Invalid TPU program" in error
+    assert "held 2×f32[512,3000000]" in error, error
+    md = memprobe("report", str(path))
+    assert md.returncode == 0, md.stderr
+    assert f"batch 1 refused by the TPU compiler over HBM (it needed {row['refused']['1'] / 2**30:.2f} GiB" in md.stdout
 
 
 def test_fit_vary_seq_finds_the_longest_sequence_in_attention_blocks(tmp_path):

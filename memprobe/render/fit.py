@@ -34,6 +34,9 @@ def _note(fit: FitResult, s: StrategySearch) -> str:
         notes.append(f"over {' and '.join(s.over(1)).replace('HBM', 'the budget')} at {fit.axis} {s.value(1)}")
     elif s.largest >= s.max_n:
         notes.append(f"fits at the search limit ({NAMES[fit.axis][3]} {s.value(s.max_n)})")
+    for n, needed in sorted(s.refused.items()):
+        notes.append(f"{fit.axis} {s.value(n)} refused by the TPU compiler over HBM (it needed "
+                     f"{needed / GIB:.2f} GiB, {needed:,} bytes; no peak reported)")
     if s.over_below:
         below = ", ".join(str(s.value(n)) for n in s.over_below)
         notes.append(f"over at {fit.axis} {below}, below the answer")
@@ -63,7 +66,7 @@ def rows(fit: FitResult) -> list[dict[str, str]]:
             "peak bytes": fmt(peak, ",d"),
             "% of budget": fmt(100 * peak / fit.budget if peak is not None else None, ".0f", "%"),
             nxt: str(s.value(hi)) if hi is not None else "-",
-            "its peak GiB": fmt(s.peaks[hi] / GIB if hi is not None else None),
+            "its peak GiB": fmt(s.peaks[hi] / GIB if hi in s.peaks else None),
             "host GiB": fmt(s.hosts[s.largest] / GIB if s.largest in s.hosts else None),
             f"{nxt} over": ", ".join(s.over(hi)) if hi is not None else "-",
             "compiles": str(s.compiles),
