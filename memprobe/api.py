@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 #: ``on_event(strategy, state, seconds)``: state is "cached", "tracing", "compiling" (with the
-#: seconds so far, four times a second), "done" or "failed" (with the compile's seconds;
-#: for ``explain``, the seconds of its compile process).
+#: seconds so far, four times a second), then "done", "refused" (the TPU compiler refused the
+#: program over HBM: the row's ``needed_bytes`` says what it needed) or "failed" (with the
+#: compile's seconds; for ``explain``, the seconds of its compile process).
 OnEvent = Callable[[str, str, float], None]
 
 
@@ -139,7 +140,7 @@ def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: 
           cache: bool = True, max_host_bytes: int | None = None, on_event: OnEvent | None = None) -> list[Verdict]:
     """`memprobe check` as a call: every configuration of ``baseline`` compiled again, one
     ``Verdict`` per strategy (``passed``; ``status`` "ok", "improved", "regressed", "over
-    budget", "host regressed" or "failed"). ``tolerance`` like "2%" or "0.5GiB";
+    budget", "host regressed", "refused" (over HBM, by the TPU compiler) or "failed"). ``tolerance`` like "2%" or "0.5GiB";
     ``max_peak`` a size like "90GiB" or bytes. Every plan is checked before anything compiles."""
     tol, budget = limits(tolerance, max_peak)
     base = load_baseline(Path(baseline), allow_version_drift)
@@ -242,7 +243,7 @@ def _explain_one(job: CompileJob, timeout_s: float, cap: int | None, store: Resu
     m, explanation = explain_isolated(job, timeout_s, tick, cap, stop)
     if not m.ok or explanation is None:
         if on_event:
-            on_event(name, "failed", time.monotonic() - started)
+            on_event(name, "refused" if m.refused else "failed", time.monotonic() - started)
         return m, None
     if store:
         store.put_explained(job, env, m, explanation)

@@ -13,8 +13,9 @@ cache instead. The key is a hash of what determines the compiled program and its
   bumped when the way the buffer listing is read changes.
 
 The key is computed without tracing: hashing the lowered program would cost a full trace
-and lowering (about a minute at full size) on every cache hit. Only successful
-measurements are stored; a failure may be transient (a timeout, host memory).
+and lowering (about a minute at full size) on every cache hit. Only answers are stored: a
+measurement, or a program the TPU compiler refused over HBM (as deterministic as a peak);
+a failure may be transient (a timeout, host memory).
 
 Each entry is one JSON file written atomically (temporary file, then ``os.replace``) and
 carries a checksum of its measurement; an entry that does not parse, has the wrong key or
@@ -156,8 +157,9 @@ class ResultCache:
         return m, explanation
 
     def put(self, job: CompileJob, env: dict[str, str], m: Measurement) -> None:
-        """Stores a successful measurement; a cache that cannot be written is skipped silently."""
-        if not m.ok:
+        """Stores an answer (a measurement, or a refusal over HBM); a cache that cannot be written
+        is skipped silently."""
+        if not (m.ok or m.refused):
             return
         if not m.cached:
             self._record_time(job, m)

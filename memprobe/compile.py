@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from memprobe.errors import BadInput
-from memprobe.measure import REFUSED_OVER_HBM, Measurement
+from memprobe.measure import GIB, REFUSED_OVER_HBM, Measurement
 from memprobe.model_file import is_preset, model_mapping
 from memprobe.plan import CompileJob
 from memprobe.targets import Target
@@ -112,6 +112,18 @@ def _base_record(job: CompileJob, **fields) -> Measurement:
 
 def failed_record(job: CompileJob, reason: str) -> Measurement:
     return _base_record(job, status="failed", error=reason)
+
+
+def _answered(job: CompileJob, reply: dict | str) -> Measurement:
+    """The measurement a worker's reply holds: its figures; a program the TPU compiler
+    refused over HBM (the bytes it needed, no figures); or why the compile failed."""
+    if isinstance(reply, str):
+        return failed_record(job, reply)
+    if reply["status"] == "refused":
+        return _base_record(job, status="refused", error=reply["error"], needed_bytes=reply["needed_bytes"],
+                            process_seconds=reply["seconds"])
+    m = Measurement.from_dict(reply["measurement"])
+    return dataclasses.replace(m, process_seconds=reply["seconds"])
 
 
 def one_line(text: str, limit: int = 240) -> str:
@@ -272,10 +284,11 @@ def _log_reason(log_path: str) -> str:
     return ""
 
 
-def compiler_oom(log_path: str, error: str) -> str:
-    """``error`` with what the TPU compiler logged before it, on running out of device memory
-    (``error`` alone if it did not): with --xla_tpu_no_crash_on_oom it goes on to report most
-    such programs' peaks, but refuses some ("Invalid TPU program"), and this says why."""
+def compiler_oom(log_path: str, error: str) -> tuple[str, int | None]:
+    """``error`` with what the TPU compiler logged before it on running out of device memory,
+    and the HBM bytes it said the program needed (None when it was not HBM it ran out of, or
+    it logged no such report: ``error`` alone then). With --xla_tpu_no_crash_on_oom it goes on
+    to report most such programs' peaks, but refuses some ("Invalid TPU program")."""
     lines = _log_lines(log_path)
     for i in range(len(lines) - 1, -1, -1):
         m = _TPU_OOM.search(lines[i])
@@ -283,15 +296,18 @@ def compiler_oom(log_path: str, error: str) -> str:
             continue
         space, used, capacity, _ = m.groups()
         total = largest = ""
+        needed = round(float(used) * GIB)  # the GiB figure, where no byte total follows
         for line in lines[i + 1: i + 8]:  # the memory usage report that follows
             if (t := _OOM_TOTAL.match(line)) and not total:
-                total = f" ({int(t.group(1)):,} bytes)"
+                needed = int(t.group(1))
+                total = f" ({needed:,} bytes)"
             elif (b := _OOM_LARGEST.match(line)) and not largest:
                 size = re.sub(r"([\d.])([KMGT]iB)$", r"\1 \2", b.group(1))
                 largest = f"; its largest allocation, {size}, held {b.group(2).strip()}"
         head = REFUSED_OVER_HBM if space == "hbm" else f"over memory space {space}: the TPU compiler needed "
-        return f"{head}{used} GiB{total} of {capacity} GiB and refused the program ({error}){largest}"
-    return error
+        why = f"{head}{used} GiB{total} of {capacity} GiB and refused the program ({error}){largest}"
+        return why, needed if space == "hbm" else None
+    return error, None
 
 
 Event = Callable[[int, str, float], None]
@@ -331,11 +347,7 @@ def compile_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
     The child's stdout and stderr (libtpu's start-up warnings, XLA's logs) go to a log
     file that only serves to explain a failure.
     """
-    reply = _isolated(job, "compile", timeout_s, tick, max_host_bytes, stop)
-    if isinstance(reply, str):
-        return failed_record(job, reply)
-    m = Measurement.from_dict(reply["measurement"])
-    return dataclasses.replace(m, process_seconds=reply["seconds"])
+    return _answered(job, _isolated(job, "compile", timeout_s, tick, max_host_bytes, stop))
 
 
 def trace_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -360,15 +372,13 @@ def explain_isolated(job: CompileJob, timeout_s: float = DEFAULT_TIMEOUT_S,
     """``explain_job`` in a fresh process: the measurement and the explanation (None when the
     compile failed: the measurement says why)."""
     reply = _isolated(job, "explain", timeout_s, tick, max_host_bytes, stop)
-    if isinstance(reply, str):
-        return failed_record(job, reply), None
-    m = Measurement.from_dict(reply["measurement"])
-    return dataclasses.replace(m, process_seconds=reply["seconds"]), reply["explanation"]
+    return _answered(job, reply), reply["explanation"] if isinstance(reply, dict) and reply["status"] == "ok" else None
 
 
 def _isolated(job: CompileJob, mode: str, timeout_s: float, tick: Callable[[float], None] | None,
               max_host_bytes: int | None, stop: threading.Event | None = None) -> dict | str:
-    """Runs the worker in ``mode``: its reply (with ``seconds``), or why it failed in one line.
+    """Runs the worker in ``mode``: its reply (with ``seconds``; status "refused" where the TPU
+    compiler refused the program over HBM), or why it failed in one line.
 
     Raises ``Stopped`` (the process killed) once ``stop`` is set.
     """
@@ -415,7 +425,11 @@ def _isolated(job: CompileJob, mode: str, timeout_s: float, tick: Callable[[floa
             if reply["status"] == "bad_input":
                 raise BadInput(reply["error"])
             if "Invalid TPU program" in reply["error"]:
-                return compiler_oom(log_path, reply["error"])
+                why, needed = compiler_oom(log_path, reply["error"])
+                if needed is None:
+                    return why
+                return {"status": "refused", "error": why, "needed_bytes": needed,
+                        "seconds": round(time.monotonic() - start, 3)}
             return reply["error"]
         code = proc.returncode
         why = _log_reason(log_path)
@@ -455,7 +469,8 @@ def compile_jobs(jobs: list[CompileJob], *, timeout_s: float = DEFAULT_TIMEOUT_S
     """Compiles every job in its own process, ``parallel`` at a time; results keep the jobs' order.
 
     With a ``cache``, a job already measured is answered from it (event ``cached``) and
-    every new successful measurement is stored as soon as it finishes.
+    every new answer is stored as soon as it finishes. A compile ends with event "done",
+    "refused" (the TPU compiler refused the program over HBM) or "failed".
     """
     answered, untraced = {}, set()
     if cache is not None:
@@ -464,7 +479,7 @@ def compile_jobs(jobs: list[CompileJob], *, timeout_s: float = DEFAULT_TIMEOUT_S
             if hit is None:
                 continue
             answered[i] = hit
-            if hit.matmul_flops is None:  # stored before memprobe counted matmul FLOPs
+            if hit.ok and hit.matmul_flops is None:  # stored before memprobe counted matmul FLOPs
                 untraced.add(i)
             elif on_event:
                 on_event(i, "cached", 0.0)
@@ -489,7 +504,7 @@ def compile_jobs(jobs: list[CompileJob], *, timeout_s: float = DEFAULT_TIMEOUT_S
         if cache is not None:
             cache.put(jobs[i], compile_environment(jobs[i].target), m)
         if on_event:
-            on_event(i, "done" if m.ok else "failed", (m.compile_seconds or 0.0))
+            on_event(i, "done" if m.ok else m.status, (m.compile_seconds or m.process_seconds or 0.0))
         return m
 
     if parallel <= 1 or len(jobs) - len(answered) + len(untraced) <= 1:

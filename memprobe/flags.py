@@ -4,7 +4,8 @@
   difference between them did not reach the compiled program (a one-trip scan inlined, a
   policy that saved nothing new).
 - ``offload inert``: a strategy asks for offloading but no byte reached host memory.
-- ``over capacity``: the per-device peak exceeds the target's HBM.
+- ``over capacity``: the per-device peak exceeds the target's HBM, or the TPU compiler
+  refused the program over HBM (the reason then gives what it needed).
 - ``over host RAM``: the host bytes of all the devices that share one host exceed the RAM
   given with ``--host-ram`` (only then is it checked).
 - ``xla peak above``: XLA's own ``peak_memory_in_bytes`` is above the peak memprobe ranks
@@ -76,4 +77,8 @@ def sanity_flags(measurements: list[Measurement]) -> dict[str, list[Flag]]:
                 why += f", with {m.host_bytes / GIB:.2f} GiB bound for host memory"
             flags[m.strategy].append(Flag(m.strategy, XLA_PEAK_ABOVE,
                                           why + "; `memprobe explain` shows what is live in HBM"))
+    for m in measurements:
+        if m.refused:  # no figures to flag; the compiler's own words say how far over
+            reason = m.error.removeprefix("over HBM: ") if m.error else "the TPU compiler refused the program"
+            flags[m.strategy].append(Flag(m.strategy, OVER_CAPACITY, reason))
     return flags

@@ -61,7 +61,9 @@ class Tolerance:
 class Verdict:
     base: Measurement
     now: Measurement
-    status: str  # "ok", "improved", "regressed", "over budget", "host regressed", "failed"
+    # "ok", "improved", "regressed", "over budget", "host regressed", "refused" (the TPU compiler
+    # refused the program over HBM), "failed"
+    status: str
 
     @property
     def passed(self) -> bool:
@@ -70,7 +72,7 @@ class Verdict:
 
 def judge(base: Measurement, now: Measurement, tolerance: Tolerance, max_peak: int | None) -> Verdict:
     if not now.ok:
-        return Verdict(base, now, "failed")
+        return Verdict(base, now, "refused" if now.refused else "failed")
     allowed = tolerance.allowed(base.peak_bytes)
     if now.peak_bytes > base.peak_bytes + allowed:
         return Verdict(base, now, "regressed")
@@ -111,7 +113,7 @@ def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
             # exact bytes: offloaded figures are often far below a GiB
             **({"host baseline bytes": f"{b.host_bytes:,}",
                 "host now bytes": f"{n.host_bytes:,}" if n.ok else "-"} if host else {}),
-            "status": v.status if n.ok else f"failed: {n.error}",
+            "status": v.status if n.ok else n.error if n.refused else f"failed: {n.error}",
         })
     return pd.DataFrame(rows)
 

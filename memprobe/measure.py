@@ -24,19 +24,9 @@ if TYPE_CHECKING:
 
 GIB = 1024**3
 
-# How a failed row begins when the TPU compiler ran out of HBM and refused the program
-# (compile.compiler_oom writes it): that size is over HBM, though no peak was reported.
+# How a refused row's error begins (compile.compiler_oom writes it) when the TPU compiler ran
+# out of HBM and refused the program outright rather than reporting its peak.
 REFUSED_OVER_HBM = "over HBM: the TPU compiler needed "
-_REFUSED_BYTES = re.compile(re.escape(REFUSED_OVER_HBM) + r"([\d.]+) GiB(?: \(([\d,]+) bytes\))?")
-
-
-def refused_over_hbm(error: str | None) -> int | None:
-    """The bytes of HBM the TPU compiler said it needed, for a row it refused over HBM; None
-    for any other failure (or none)."""
-    m = _REFUSED_BYTES.match(error or "")
-    if not m:
-        return None
-    return int(m.group(2).replace(",", "")) if m.group(2) else round(float(m.group(1)) * GIB)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -58,8 +48,11 @@ class Measurement:
     optimizer: str | None = "adamw"  # None for a grad step, which compiles no update
     param_dtype: str = "fp32"
     grad_accum: int = 1  # microbatches of batch_per_device whose gradients one step sums
-    status: str = "ok"  # "ok" or "failed"
+    # "ok"; "refused": the TPU compiler ran out of HBM and refused the program, so there is no
+    # breakdown, only the total it needed (``needed_bytes``) and why (``error``); "failed".
+    status: str = "ok"
     error: str | None = None
+    needed_bytes: int | None = None  # a refused row's: what the compiler's out-of-memory report totals
     argument_bytes: int = 0
     output_bytes: int = 0
     alias_bytes: int = 0
@@ -92,6 +85,12 @@ class Measurement:
         return self.status == "ok"
 
     @property
+    def refused(self) -> bool:
+        """The TPU compiler refused the program over HBM: an answer (it does not fit), with
+        no figures but the bytes it needed."""
+        return self.status == "refused"
+
+    @property
     def peak_bytes(self) -> int:
         """Per-device peak HBM (compiler estimate): argument + output - alias + temp."""
         return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
@@ -104,6 +103,8 @@ class Measurement:
 
     @property
     def fits(self) -> bool | None:
+        if self.refused:
+            return False
         if not self.ok or self.capacity_bytes is None:
             return None
         return self.peak_bytes <= self.capacity_bytes

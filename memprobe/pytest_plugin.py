@@ -74,6 +74,9 @@ def pytest_runtest_call(item):
         reason = None
     if reason is not None:  # outside the except: no "during handling of the above exception" chain
         pytest.fail(reason, pytrace=False)
+    if m.refused:
+        pytest.fail(f"memprobe: {m.model} {m.strategy} on {m.topology or m.target}: {m.error} (the limit is "
+                    f"{marker.args[0]})", pytrace=False)
     if not m.ok:
         pytest.fail(f"memprobe: {m.strategy} failed to compile: {m.error}", pytrace=False)
     if m.peak_bytes > limit:

@@ -127,7 +127,7 @@ class Result:
                                    f"per-device batch {m.batch_per_device}, {m.topology or m.target}) "
                                    f"is in {seen[config, m.strategy]} too")
                 seen[config, m.strategy] = where
-                if m.ok:  # a failed row compiled nothing
+                if m.ok or m.refused:  # a failed row compiled nothing
                     compiler = {k: v for k, v in m.versions.items() if k != "memprobe"}
                     first, first_compiler = compilers.setdefault(config, (where, compiler))
                     if compiler != first_compiler:
@@ -161,6 +161,7 @@ def saved_list(data: Any, where: str, schema: str, kind: str, key: str) -> list:
     return listed
 
 
+STATUSES = ("ok", "refused", "failed")
 _REQUIRED = {"model", "strategy", "strategy_knobs", "target", "platform", "num_devices", "seq_len",
              "batch_per_device", "loss_chunks", "step", "status"}
 
@@ -179,6 +180,11 @@ def measurement_from_json(row: Any, at: str) -> Measurement:
     for field in ("num_devices", "seq_len", "batch_per_device", "loss_chunks"):
         if isinstance(row[field], bool) or not isinstance(row[field], int):
             raise BadInput(f"{at}: {field}: expected an integer, got {row[field]!r}")
+    if row["status"] not in STATUSES:
+        raise BadInput(f"{at}: status: {row['status']!r} is not one of {', '.join(STATUSES)}")
+    needed = row.get("needed_bytes")
+    if row["status"] == "refused" and (isinstance(needed, bool) or not isinstance(needed, int) or needed <= 0):
+        raise BadInput(f"{at}: needed_bytes: a refused row needs the bytes the compiler needed, got {needed!r}")
     if row["step"] not in {s.value for s in Step}:
         raise BadInput(f"{at}: step: {row['step']!r} is not one of {', '.join(s.value for s in Step)}")
     row = {"param_dtype": ParamDtype.FP32.value,  # saved before these knobs existed: AdamW, fp32,

@@ -39,8 +39,7 @@ import dataclasses
 from collections.abc import Callable
 
 from memprobe.errors import BadInput
-from memprobe.measure import (GIB, Measurement, host_ram_check, parse_positive_size, refused_over_hbm,
-                              with_host_ram)
+from memprobe.measure import (GIB, Measurement, host_ram_check, parse_positive_size, with_host_ram)
 from memprobe.model._config import attention_block_size, default_loss_chunks
 from memprobe.plan import CompileJob, Plan, Shapes
 
@@ -157,12 +156,11 @@ class StrategySearch:
 
     def record(self, n: int, m: Measurement) -> None:
         self.compiles += 1
-        if not m.ok:
-            needed = refused_over_hbm(m.error)
-            if needed is not None:
-                self.refused[n] = needed
-            else:  # the first failure says most
-                self.error = self.error or f"{self.axis} {self.value(n)}: {m.error}"
+        if m.refused:
+            self.refused[n] = m.needed_bytes
+            return
+        if not m.ok:  # the first failure says most
+            self.error = self.error or f"{self.axis} {self.value(n)}: {m.error}"
             return
         self.peaks[n] = m.peak_bytes
         self.hosts[n] = m.host_bytes
@@ -326,7 +324,7 @@ def fit_plan(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, 
         nonlocal rounds
         rounds += 1
         wanted = [plan.job(by_name[name], shapes(n)) for name, n in pairs]
-        sizes = "batch sizes" if axis == "batch" else "sequence lengths"
+        sizes = ("batch size" if axis == "batch" else "sequence length") + ("s" if len(pairs) != 1 else "")
         what = (f"{len(pairs)} {sizes} for {plan.model.name} on {plan.target.label} "
                 f"(round {rounds}, budget {limit / GIB:.2f} GiB)")
         out = runner(wanted, [f"{name} {axis} {n * unit}" for name, n in pairs], what)

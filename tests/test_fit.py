@@ -56,14 +56,11 @@ def test_sizes_the_compiler_refuses_over_hbm_are_over_not_a_failed_search(refuse
     # libtpu refuses some programs over HBM outright ("Invalid TPU program"); memprobe's row
     # then says what the compiler needed. Such a size is over like any other, with no peak:
     # the search goes on around it and answers, compiling no size twice.
-    from memprobe.measure import REFUSED_OVER_HBM
     from memprobe.search import StrategySearch
 
     def refused(b):
-        needed = 20_000 + 1_000 * b
-        return dataclasses.replace(_record(0), status="failed", error=(
-            f"{REFUSED_OVER_HBM}{needed / 2**30:.2f} GiB ({needed:,} bytes) of 15.75 GiB and refused the program "
-            "(JaxRuntimeError: INVALID_ARGUMENT: Invalid TPU program.)"))
+        return dataclasses.replace(_record(0), status="refused", needed_bytes=20_000 + 1_000 * b,
+                                   error="over HBM: the TPU compiler ... refused the program")
 
     sizes = []
 
@@ -252,15 +249,29 @@ def test_fit_counts_a_program_the_tpu_compiler_refuses_over_hbm_as_over(tmp_path
     row = rows["unrolled"]
     assert row["error"] is None and (row["largest_batch"], row["next_batch"], row["next_over"]) == (0, 1, ["HBM"])
     assert row["next_peak_bytes"] is None and row["refused"]["1"] > data["budget_bytes"] == 16_911_433_728
-    # The failed row says what libtpu logged before refusing: what it needed, to the byte
+    # The refused row says what libtpu logged before refusing: what it needed, to the byte
     # (over the 15.75 GiB), and its largest allocation, the fp32 logits.
-    error = records[("unrolled", 1)]["error"]
+    rec = records[("unrolled", 1)]
+    assert (rec["status"], rec["needed_bytes"], rec["fits"], rec["peak_bytes"]) == ("refused", row["refused"]["1"], False, None)
+    error = rec["error"]
     assert error.startswith("over HBM: the TPU compiler needed ") and " of 15.75 GiB and refused the program (" in error
     assert f"({row['refused']['1']:,} bytes)" in error and "Invalid TPU program" in error
     assert "held 2×f32[512,3000000]" in error, error
     md = memprobe("report", str(path))
     assert md.returncode == 0, md.stderr
-    assert f"batch 1 refused by the TPU compiler over HBM (it needed {row['refused']['1'] / 2**30:.2f} GiB" in md.stdout
+    needed = row["refused"]["1"]
+    assert f"batch 1 refused by the TPU compiler over HBM (it needed {needed / 2**30:.2f} GiB" in md.stdout
+    # A refusal is an answer, kept in the cache like a peak: `compare` gives it at once, over
+    # capacity by the compiler's total, and exits 0 as for any row over capacity.
+    again = memprobe("compare", "--model", str(model), "--target", "v5e", "--devices", "1", "--seq", "512",
+                     "--batch", "1", "--strategies", "unrolled", "--format", "markdown")
+    assert again.returncode == 0 and "unrolled: from cache" in again.stderr, again.stderr
+    [cells] = [[c.strip() for c in line.strip("|").split("|")] for line in again.stdout.splitlines()
+               if line.startswith("|") and "| unrolled " in line]
+    assert cells[:5] == ["1", "unrolled", f"{needed / 2**30:.2f}", f"{needed:,}", f"{100 * needed / 16_911_433_728:.0f}%"]
+    assert "**over capacity (refused)**" in cells and "Failed:" not in again.stdout
+    assert f"- `unrolled`: **over capacity**: {error.removeprefix('over HBM: ')}" in again.stdout
+    assert "**Nothing fits; lowest peak: `unrolled`**" in again.stdout
 
 
 def test_fit_vary_seq_finds_the_longest_sequence_in_attention_blocks(tmp_path):

@@ -191,7 +191,8 @@ def test_libtpus_start_up_lines_are_never_a_compile_failures_reason(tmp_path):
                "worker hostname 'WARNING: could not determine TPU worker hostnames or IP addresses' from env var "
                "TPU_WORKER_HOSTNAMES.\n=== Source Location Trace: ===\nlearning/45eac/tfrc/runtime/libtpu_init_utils.cc:370\n")
     log.write_text(startup)
-    assert _log_reason(str(log)) == "" and compiler_oom(str(log), "X: Invalid TPU program.") == "X: Invalid TPU program."
+    assert _log_reason(str(log)) == "" and compiler_oom(str(log), "X: Invalid TPU program.") == (
+        "X: Invalid TPU program.", None)
     log.write_text(startup + "E1205 07:53:20.478970   18962 deepsea_compiler_base.cc:3540] XLA:TPU compile permanent "
                    "error. Ran out of memory in memory space hbm. Used 19.89G of 15.75G hbm. Exceeded hbm capacity "
                    "by 4.14G. HLO module: jit_train_step. Memory usage report:\n\nMemory Space: default (color=0)\n"
@@ -201,4 +202,8 @@ def test_libtpus_start_up_lines_are_never_a_compile_failures_reason(tmp_path):
     assert _log_reason(str(log)).startswith("XLA:TPU compile permanent error. Ran out of memory in memory space hbm.")
     assert compiler_oom(str(log), "X: Invalid TPU program.") == (
         "over HBM: the TPU compiler needed 19.89 GiB (21,352,807,936 bytes) of 15.75 GiB and refused the program "
-        "(X: Invalid TPU program.); its largest allocation, 5.72 GiB, held 2×f32[512,3000000]")
+        "(X: Invalid TPU program.); its largest allocation, 5.72 GiB, held 2×f32[512,3000000]", 21_352_807_936)
+    # Out of another memory space, it is not a size over HBM: a failure, however well explained.
+    log.write_text(log.read_text().replace("memory space hbm", "memory space vmem"))
+    why, needed = compiler_oom(str(log), "X: Invalid TPU program.")
+    assert why.startswith("over memory space vmem: the TPU compiler needed 19.89 GiB") and needed is None

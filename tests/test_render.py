@@ -290,3 +290,54 @@ def test_every_format_answers_which_strategy_to_use():
     a = answer(tight)
     assert a.strategy == min(fits, key=lambda m: (m.matmul_flops, m.host_bytes, m.peak_bytes)).strategy != "unrolled"
     assert f"{(checkpoint.peak_bytes - next(m for m in tight if m.strategy == a.strategy).peak_bytes) / 2**30:.2f} GiB under" in a.rest
+
+
+def test_a_program_the_tpu_compiler_refused_is_a_row_over_capacity_in_every_format():
+    """libtpu refuses some programs over HBM outright; the row is an answer like any over
+    capacity: ranked by what the compiler said it needed, its reason among the flags, never
+    "failed". The committed E2B 24576 x 8 figures, unrolled's row made such a refusal (its
+    test against a real refusal is in test_fit)."""
+    import dataclasses
+
+    from memprobe.gate import Tolerance, judge
+    from memprobe.render.frame import comparison_frame, sweep
+
+    [group] = Result.load(REPORTS / "gemma4-e2b-seq24576-b8-tpu7x-8.json").comparisons
+    unrolled = group[0]
+    needed = unrolled.peak_bytes
+    why = (f"over HBM: the TPU compiler needed {needed / 2**30:.2f} GiB ({needed:,} bytes) of 94.74 GiB and "
+           "refused the program (JaxRuntimeError: INVALID_ARGUMENT: Invalid TPU program.)")
+    empty = {f: 0 for f in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "host_argument_bytes",
+                            "host_output_bytes", "host_alias_bytes", "host_temp_bytes")}
+    refused = dataclasses.replace(unrolled, status="refused", error=why, needed_bytes=needed, xla_peak_bytes=None,
+                                  matmul_flops=None, flops=None, **empty)
+    rows = [refused, *group[1:]]
+    assert refused.fits is False and not refused.ok
+    df = comparison_frame(rows)
+    row = df[df["strategy"] == "unrolled"].iloc[0]
+    assert row["peak_bytes"] == needed and row["verdict"] == "over capacity (refused)" and not isinstance(row["error"], str)
+    assert list(df["rank"]) == list(range(1, len(rows) + 1))  # ranked with the others, by the compiler's total
+    assert list(df["peak_bytes"]) == sorted(m.peak_bytes if m.ok else needed for m in rows)
+    assert f"over capacity: {why.removeprefix('over HBM: ')}" in row["flag_reasons"]
+    result = Result(rows, command="memprobe compare --test")
+    again = Result.from_json(json.loads(result.dumps()))  # the refusal survives JSON
+    assert again.measurements[0] == refused
+    out = {}
+    for fmt in (Format.TABLE, Format.MARKDOWN, Format.CSV, Format.HTML):
+        text = io.StringIO()
+        render(again, fmt, text)
+        out[fmt] = text.getvalue()
+        assert "failed" not in out[fmt].lower(), fmt
+    assert f"flag on unrolled: over capacity: {why.removeprefix('over HBM: ')}" in " ".join(out[Format.TABLE].split())
+    assert "**over capacity (refused)**" in out[Format.MARKDOWN]
+    assert "over capacity (refused): the TPU compiler ran out of HBM and refused the program" in out[Format.MARKDOWN]
+    csv = pd.read_csv(io.StringIO(out[Format.CSV]))
+    assert csv.loc[csv["strategy"] == "unrolled", "peak_bytes"].item() == needed
+    # In a sweep the cell gives the total and says it was refused.
+    other = [dataclasses.replace(m, seq_len=20480) for m in group]
+    sw = sweep([rows, other])
+    label = next(c for c in sw.peaks.columns if "24576" in c)
+    assert sw.cell("unrolled", label, ".2f") == (f"{needed / 2**30:.2f} over capacity (refused)", True)
+    # The gate fails a configuration the compiler now refuses, and says why rather than "failed".
+    v = judge(unrolled, refused, Tolerance(relative=0.02), None)
+    assert (v.status, v.passed) == ("refused", False)

@@ -51,7 +51,8 @@ def compare(
     """Compile the train step under each strategy and rank them by per-device peak HBM.
 
     Figures are the compiler's estimates from memory_analysis(); nothing runs on a device.
-    Exit code 1 when any strategy failed to compile (the table still shows the others).
+    Exit code 1 when any strategy failed to compile (the table still shows the others); a
+    program the TPU compiler refused over HBM is an answer (over capacity), not a failure.
     Several lengths or batches (--seq 4096,8192) make a sweep: a table per shape, and one of
     the peaks at every shape.
     """
@@ -67,7 +68,7 @@ def compare(
     if ram is not None:
         measurements = with_host_ram(measurements, ram[0], devices_per_host)
     write_result(Result(measurements, command=command_line()), format, output, chart)
-    return 0 if all(m.ok for m in measurements) else 1
+    return 0 if all(m.ok or m.refused for m in measurements) else 1
 
 
 def baseline(
@@ -106,7 +107,10 @@ def baseline(
     result = Result(measurements, command=command_line())
     if not all(m.ok for m in measurements):
         write_result(result, Format.TABLE, None)
-        messages().print(f"memprobe: not writing {output}: a baseline needs every strategy compiled")
+        refused = [m.strategy for m in measurements if m.refused]
+        why = (f"; the TPU compiler refused {', '.join(dict.fromkeys(refused))} over HBM, leaving no peak to gate"
+               if refused else "")
+        messages().print(f"memprobe: not writing {output}: a baseline needs every strategy compiled{why}")
         return 1
     write_result(result, Format.JSON, output)
     return 0
@@ -250,13 +254,14 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
                     err.print(f"memprobe: {labels[i]}: still {state} ({minutes(elapsed)}"
                               f"{'; ' + hints[i] if hints[i] else ''})", highlight=False)
             else:
-                if state == "done":
+                if state in ("done", "refused"):
                     finished.append(labels[i])
-                progress.update(tasks[i], state=state, completed=1)
+                shown = ENDED.get(state, state)
+                progress.update(tasks[i], state=shown, completed=1)
                 progress.stop_task(tasks[i])
                 if not err.is_terminal:
                     took = time.monotonic() - started[i]
-                    err.print(f"memprobe: {labels[i]}: {state} after {took:.0f} s", highlight=False)
+                    err.print(f"memprobe: {labels[i]}: {shown} after {took:.0f} s", highlight=False)
 
         err.print(f"memprobe: measuring {what}", highlight=False)
         try:
@@ -268,6 +273,8 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
 
 
 STILL_EVERY_S = 300.0
+# How a progress line names a compile's end where its event's name is not plain English.
+ENDED = {"refused": "over HBM (refused by the TPU compiler)"}
 
 
 def minutes(seconds: float) -> str:

@@ -104,8 +104,8 @@ def _progress(where: str, hints: dict[str, str]):
         elif state == "compiling" and seconds - said[name] >= compare.STILL_EVERY_S:  # as compare's log
             said[name] = seconds
             err.print(f"memprobe: {name}: still compiling ({compare.minutes(seconds)}{hint})", highlight=False)
-        elif state in ("done", "failed"):
-            err.print(f"memprobe: {name}: {state} after {seconds:.0f} s")
+        elif state in ("done", "refused", "failed"):
+            err.print(f"memprobe: {name}: {compare.ENDED.get(state, state)} after {seconds:.0f} s", highlight=False)
 
     return on_event
 

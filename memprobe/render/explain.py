@@ -80,7 +80,9 @@ def write(answer: Explained, fmt_name: str, file: IO[str], top: int = DEFAULT_TO
         sections.append((frame, diff_heading(ma, mb), more, diff_notes(*answer.answers, answer.command)))
     for m, e in answer.answers:
         if e is None:
-            sections.append((None, heading(m), "", [f"{m.strategy} failed: {m.error}; nothing to list.",
+            why = (f"{m.strategy}: {m.error}; the compiler left no buffer assignment to list." if m.refused
+                   else f"{m.strategy} failed: {m.error}; nothing to list.")
+            sections.append((None, heading(m), "", [why,
                                                       *([f"Command: `{answer.command}`"] if answer.command else [])]))
             continue
         frame, more = buffers_frame(m, e, top)

@@ -23,6 +23,7 @@ COLUMNS = [
     "other_flags", "flag_reasons", "compile_s", "cached", "error",
 ]
 
+REFUSED_VERDICT = f"{OVER_CAPACITY} (refused)"
 PEAK_FORMULA = "peak = argument + output - alias + temp, per device (compiler estimate)"
 FLOPS_NOTE = ("FLOPs: matmul FLOPs of the traced step (forward, backward with its recompute, "
               "optimizer; loops counted by trip count), relative to the first strategy: what the "
@@ -80,6 +81,9 @@ def footnotes(group: list[Measurement], command: str | None = None) -> list[str]
     out = [f"GiB = 2^30 bytes; {PEAK_FORMULA}.", FLOPS_NOTE,
            "compile s: trace, lower and compile of that strategy when it was measured"
            + (" (some rows answered from the results cache)." if any(m.cached for m in group) else ".")]
+    if any(m.refused for m in group):
+        out.append(f"{REFUSED_VERDICT}: the TPU compiler ran out of HBM and refused the program; the peak "
+                   "shown is the total of its out-of-memory report, which breaks it down no further.")
     if m0.capacity_bytes and m0.platform == "cuda":
         out.append(f"HBM per device: {m0.capacity_bytes / GIB:.2f} GiB ({m0.capacity_bytes:,} bytes), the "
                    "target config's device_memory_size; the GPU compiler does not refuse larger programs.")
@@ -125,12 +129,22 @@ def host_note(m: Measurement) -> str:
 
 
 def verdict(m: Measurement) -> str | None:
-    """The verdict column: fits, or what the row is over (HBM, host RAM or both); None where
-    nothing is known to judge by (no HBM capacity, or the row failed)."""
+    """The verdict column: fits, or what the row is over (HBM, host RAM or both; "over capacity
+    (refused)" where the TPU compiler refused the program); None where nothing is known to
+    judge by (no HBM capacity, or the row failed)."""
+    if m.refused:
+        return REFUSED_VERDICT
     if m.fits is None:
         return None
     over = [what for what, fits in ((OVER_CAPACITY, m.fits), (OVER_HOST_RAM, m.fits_host)) if fits is False]
     return ", ".join(over) or "fits"
+
+
+def peak_of(m: Measurement) -> int | None:
+    """The peak a row is ranked and shown by: its compiled peak, or for a program the TPU
+    compiler refused over HBM the total its out-of-memory report gave (the same sum, with no
+    breakdown); None for a failed row."""
+    return m.peak_bytes if m.ok else m.needed_bytes if m.refused else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,14 +170,16 @@ def answer(group: list[Measurement], places: int = 2) -> Answer | None:
     None when no strategy compiled. Peaks are given to ``places`` decimals, as the table
     above shows them (the terminal table gives a tiny model's more)."""
     ok = sorted((m for m in group if m.ok), key=lambda m: m.peak_bytes)
-    if not ok:
+    answered = sorted((m for m in group if peak_of(m) is not None), key=peak_of)
+    if not answered:
         return None
-    low = ok[0]
+    low = answered[0]
 
     def gib(n: int) -> str:
         return f"{n / GIB:.{places}f}"
 
-    size = f"{gib(low.peak_bytes)} GiB ({low.peak_bytes:,} bytes) per device"
+    size = (f"{gib(peak_of(low))} GiB ({peak_of(low):,} bytes) per device"
+            + (", refused by the TPU compiler" if low.refused else ""))
     if low.capacity_bytes is None:
         return Answer("Lowest peak", low.strategy, f", {size}; no capacity known to fit in.")
     base = group[0] if group[0].ok else None
@@ -171,7 +187,7 @@ def answer(group: list[Measurement], places: int = 2) -> Answer | None:
     if not fitting:
         over = []
         if low.fits is False:
-            over.append(f"{(low.peak_bytes - low.capacity_bytes) / GIB:.2f} GiB over the "
+            over.append(f"{(peak_of(low) - low.capacity_bytes) / GIB:.2f} GiB over the "
                         f"{low.capacity_bytes / GIB:.2f} GiB of HBM")
         if low.fits_host is False:
             over.append("its host bytes over the host's RAM")
@@ -223,7 +239,8 @@ def versions_line(m: Measurement, loss: str | None = None) -> str:
 
 
 def comparison_frame(measurements: list[Measurement]) -> pd.DataFrame:
-    """Ranked by peak (lowest first); failed rows last. Deltas and the FLOPs ratio (the
+    """Ranked by peak (lowest first; a refused row by what the compiler said it needed, its
+    reason among the flags); failed rows last. Deltas and the FLOPs ratio (the
     recompute cost) are against the first measurement given, the baseline strategy, when
     it compiled. ``flags`` names the row's sanity flags ("" when none), ``flag_reasons``
     gives each with its reason, ``other_flags`` all but those the ``verdict`` already says."""
@@ -235,6 +252,11 @@ def comparison_frame(measurements: list[Measurement]) -> pd.DataFrame:
                "flags": ", ".join(f.kind for f in flags[m.strategy]),
                "other_flags": ", ".join(f.kind for f in flags[m.strategy] if f.kind not in VERDICT_FLAGS),
                "flag_reasons": "; ".join(f"{f.kind}: {f.reason}" for f in flags[m.strategy]), "cached": m.cached}
+        if m.refused:  # an answer too: over HBM by the compiler's own total, with no breakdown
+            row.update(error=None, peak_gib=m.needed_bytes / GIB, peak_bytes=m.needed_bytes,
+                       pct_of_hbm=(100.0 * m.needed_bytes / m.capacity_bytes) if m.capacity_bytes else None,
+                       delta_gib=(m.needed_bytes - base.peak_bytes) / GIB if base else None,
+                       fits=False, verdict=verdict(m), compile_s=m.process_seconds)
         if m.ok:
             row.update(
                 peak_gib=m.peak_bytes / GIB,
@@ -321,9 +343,9 @@ def sweep(groups: list[list[Measurement]]) -> Sweep | None:
     verdicts = pd.DataFrame(None, index=strategies, columns=labels, dtype=object)
     for label, group in zip(labels, groups):
         for m in group:
-            if m.ok:
-                peaks.loc[m.strategy, label] = m.peak_bytes / GIB
-            verdicts.loc[m.strategy, label] = (verdict(m) or "") if m.ok else "failed"
+            if peak_of(m) is not None:
+                peaks.loc[m.strategy, label] = peak_of(m) / GIB
+            verdicts.loc[m.strategy, label] = "failed" if peak_of(m) is None else (verdict(m) or "")
     m = groups[0][0]
     what = f"{m.model} {step_name(m)}"  # and the one length or batch all shapes share
     what += f" (per-device batch {m.batch_per_device}{per_microbatch(m)})" if batches == 1 else ""
