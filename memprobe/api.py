@@ -236,6 +236,11 @@ def _explain_one(job: CompileJob, timeout_s: float, cap: int | None, store: Resu
         if on_event:
             on_event(name, "cached", 0.0)
         return hit[0], Explanation.from_dict(hit[1])
+    refused = store.get(job, env) if store else None
+    if refused is not None and refused.refused:  # `compare` already heard the compiler refuse it
+        if on_event:
+            on_event(name, "cached", 0.0)
+        return refused, None
     if on_event:
         on_event(name, "compiling", 0.0)
     tick = (lambda seconds: on_event(name, "compiling", seconds)) if on_event else None

@@ -272,6 +272,11 @@ def test_fit_counts_a_program_the_tpu_compiler_refuses_over_hbm_as_over(tmp_path
     assert "**over capacity (refused)**" in cells and "Failed:" not in again.stdout
     assert f"- `unrolled`: **over capacity**: {error.removeprefix('over HBM: ')}" in again.stdout
     assert "**Nothing fits; lowest peak: `unrolled`**" in again.stdout
+    # explain has no buffers to list for it, and says so at once rather than compiling again.
+    ex = memprobe("explain", "--strategy", "unrolled", "--model", str(model), "--target", "v5e", "--devices", "1",
+                  "--seq", "512", "--batch", "1")
+    assert ex.returncode == 1 and "unrolled: from cache" in ex.stderr, ex.stderr
+    assert f"unrolled: {error}; the compiler left no buffer assignment to list." in ex.stdout
 
 
 def test_fit_vary_seq_finds_the_longest_sequence_in_attention_blocks(tmp_path):
