@@ -92,13 +92,13 @@ def test_table_shows_each_peak():
     assert f"Lowest peak: {low}, {shown[low]} GiB (" in " ".join(text.split())
 
 
-def _bars(png: bytes) -> int:
+def _bars(png: bytes, colour: str = PARTS[0][1]) -> int:
     """Counts the bars in a chart by reading the image back: runs of the bottom segment's
-    colour along a pixel row just above the x axis."""
+    colour (or ``colour``) along a pixel row just above the x axis."""
     img = matplotlib.image.imread(io.BytesIO(png), format="png")[..., :3]
     height = img.shape[0]
     y = int(round(height * (1 - AXES["bottom"]))) - 3
-    colour = np.array([int(PARTS[0][1][i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    colour = np.array([int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
     hit = np.abs(img[y] - colour).max(axis=1) < 0.02
     return int(np.count_nonzero(hit[1:] & ~hit[:-1]) + hit[0])
 
@@ -333,6 +333,13 @@ def test_a_program_the_tpu_compiler_refused_is_a_row_over_capacity_in_every_form
     assert "over capacity (refused): the TPU compiler ran out of HBM and refused the program" in out[Format.MARKDOWN]
     csv = pd.read_csv(io.StringIO(out[Format.CSV]))
     assert csv.loc[csv["strategy"] == "unrolled", "peak_bytes"].item() == needed
+    # The chart: a bar of parts for each compiled row, one grey bar of the total for the refused.
+    from memprobe.render.chart import REFUSED
+
+    tiny = Result.from_json(json.loads(result_json())).measurements  # arguments tall enough to count by
+    png = render_png([dataclasses.replace(tiny[0], status="refused", needed_bytes=tiny[0].peak_bytes, **empty), *tiny[1:]])
+    assert (_bars(png), _bars(png, REFUSED[1])) == (len(tiny) - 1, 1)
+    assert _bars(render_png(tiny), REFUSED[1]) == 0
     # In a sweep the cell gives the total and says it was refused.
     other = [dataclasses.replace(m, seq_len=20480) for m in group]
     sw = sweep([rows, other])

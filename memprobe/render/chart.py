@@ -5,7 +5,9 @@ across the shapes, with the same capacity line.
 Parts, bottom to top: arguments (parameters, optimizer state, the batch), outputs not
 aliased to an argument, temporaries (activations, gradients, everything else the step
 holds), then host-offloaded bytes, hatched, because they are in host memory and not part
-of the HBM peak. The first three add up to the peak memprobe ranks by.
+of the HBM peak. The first three add up to the peak memprobe ranks by. A program the TPU
+compiler refused over HBM has no parts, only the total it needed: one grey bar, after the
+others.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ PARTS = (
     ("temporaries (activations, gradients)", "#dd8452"),
     ("host-offloaded (not HBM)", "#55a868"),
 )
+REFUSED = ("refused over HBM (the compiler's total, no breakdown)", "#9a9a9a")
 
 
 def fitted_title(text: str, width_in: float, fontsize: float, max_lines: int = 2) -> tuple[str, float]:
@@ -50,9 +53,11 @@ def _parts(m: Measurement) -> list[float]:
 
 
 def render_png(measurements: list[Measurement]) -> bytes:
-    """The chart as PNG bytes; one bar per strategy that compiled, lowest peak first."""
+    """The chart as PNG bytes; one bar per strategy that compiled, lowest peak first, then
+    those the TPU compiler refused over HBM."""
     ok = sorted((m for m in measurements if m.ok), key=lambda m: m.peak_bytes)
-    width_in = max(6.0, 1.1 * len(ok) + 2.5)
+    refused = sorted((m for m in measurements if m.refused), key=lambda m: m.needed_bytes)
+    width_in = max(6.0, 1.1 * (len(ok) + len(refused)) + 2.5)
     fig, ax = plt.subplots(figsize=(width_in, 5.0), dpi=100)
     fig.subplots_adjust(**AXES)
     names = [m.strategy for m in ok]
@@ -66,15 +71,23 @@ def render_png(measurements: list[Measurement]) -> bytes:
         label = f"{m.peak_bytes / GIB:.2f}" + (f"\n+{m.host_bytes / GIB:.2f} host" if m.host_bytes else "")
         ax.annotate(label, (i, (m.peak_bytes + m.host_bytes) / GIB), ha="center", va="bottom",
                     fontsize=8, xytext=(0, 2), textcoords="offset points")
-    cap = ok[0].capacity_bytes if ok else None
-    top = max((m.peak_bytes + m.host_bytes) / GIB for m in ok) if ok else 0.0
+    if refused:
+        ax.bar([m.strategy for m in refused], [m.needed_bytes / GIB for m in refused], color=REFUSED[1],
+               label=REFUSED[0], width=0.6, linewidth=0)
+        for i, m in enumerate(refused, start=len(ok)):
+            ax.annotate(f"{m.needed_bytes / GIB:.2f}\nrefused", (i, m.needed_bytes / GIB), ha="center",
+                        va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+    shown = ok + refused
+    cap = shown[0].capacity_bytes if shown else None
+    top = max([(m.peak_bytes + m.host_bytes) / GIB for m in ok] + [m.needed_bytes / GIB for m in refused],
+              default=0.0)
     if cap and cap / GIB <= 3 * top:
         ax.axhline(cap / GIB, color="#c44e52", linestyle="--", linewidth=1.2,
                    label=f"HBM per device {cap / GIB:.2f} GiB")
     elif cap:  # a line far above the bars would flatten them: name it instead
         ax.plot([], [], color="#c44e52", linestyle="--", label=f"HBM per device {cap / GIB:.2f} GiB (off scale)")
-    # Headroom above the tallest bar for the legend.
-    ax.set_ylim(0, max(top, cap / GIB if cap and cap / GIB <= 3 * top else 0.0) * 1.45 or 1.0)
+    # Headroom above the tallest bar for the legend (a line more with a refused bar).
+    ax.set_ylim(0, max(top, cap / GIB if cap and cap / GIB <= 3 * top else 0.0) * (1.6 if refused else 1.45) or 1.0)
     ax.set_ylabel("GiB per device (compiler estimate)")
     # Centred near the figure's middle, a title may span most of the figure, not only the axes;
     # two lines still fit above them.
