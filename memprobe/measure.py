@@ -92,7 +92,10 @@ class Measurement:
 
     @property
     def peak_bytes(self) -> int:
-        """Per-device peak HBM (compiler estimate): argument + output - alias + temp."""
+        """Per-device peak HBM (compiler estimate): argument + output - alias + temp; for a
+        refused row the compiler's own total of that sum, whose parts it did not give."""
+        if self.refused and self.needed_bytes is not None:
+            return self.needed_bytes
         return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
 
     @property
@@ -125,7 +128,7 @@ class Measurement:
         d = dataclasses.asdict(self)
         if d["model_config"] is None:  # a preset: its name says it all, as before model files
             del d["model_config"]
-        d["peak_bytes"] = self.peak_bytes if self.ok else None
+        d["peak_bytes"] = self.peak_bytes if self.ok or self.refused else None
         d["host_bytes"] = self.host_bytes if self.ok else None
         d["fits"] = self.fits
         d["fits_host"] = self.fits_host

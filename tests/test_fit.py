@@ -252,14 +252,14 @@ def test_fit_counts_a_program_the_tpu_compiler_refuses_over_hbm_as_over(tmp_path
     # The refused row says what libtpu logged before refusing: what it needed, to the byte
     # (over the 15.75 GiB), and its largest allocation, the fp32 logits.
     rec = records[("unrolled", 1)]
-    assert (rec["status"], rec["needed_bytes"], rec["fits"], rec["peak_bytes"]) == ("refused", row["refused"]["1"], False, None)
+    needed = row["refused"]["1"]
+    assert (rec["status"], rec["needed_bytes"], rec["fits"], rec["peak_bytes"]) == ("refused", needed, False, needed)
     error = rec["error"]
     assert error.startswith("over HBM: the TPU compiler needed ") and " of 15.75 GiB and refused the program (" in error
     assert f"({row['refused']['1']:,} bytes)" in error and "Invalid TPU program" in error
     assert "held 2×f32[512,3000000]" in error, error
     md = memprobe("report", str(path))
     assert md.returncode == 0, md.stderr
-    needed = row["refused"]["1"]
     assert f"batch 1 refused by the TPU compiler over HBM (it needed {needed / 2**30:.2f} GiB" in md.stdout
     # A refusal is an answer, kept in the cache like a peak: `compare` gives it at once, over
     # capacity by the compiler's total, and exits 0 as for any row over capacity.

@@ -144,7 +144,7 @@ def peak_of(m: Measurement) -> int | None:
     """The peak a row is ranked and shown by: its compiled peak, or for a program the TPU
     compiler refused over HBM the total its out-of-memory report gave (the same sum, with no
     breakdown); None for a failed row."""
-    return m.peak_bytes if m.ok else m.needed_bytes if m.refused else None
+    return m.peak_bytes if m.ok or m.refused else None
 
 
 @dataclasses.dataclass(frozen=True)
