@@ -237,7 +237,8 @@ class FitResult:
             rows.append({"strategy": s.strategy, f"largest_{a}": s.value(s.largest),
                          "peak_bytes": s.peaks.get(s.largest), "host_bytes": s.hosts.get(s.largest),
                          f"next_{a}": s.value(hi) if hi is not None else None,
-                         "next_peak_bytes": s.peaks.get(hi) if hi is not None else None,
+                         # a refused size's: the compiler's total, as its measurement's peak
+                         "next_peak_bytes": s.peaks.get(hi, s.refused.get(hi)) if hi is not None else None,
                          "next_host_bytes": s.hosts.get(hi) if hi is not None else None,
                          "next_over": s.over(hi) if hi is not None else [],
                          "limit_reached": s.largest >= s.max_n, "error": s.error, "compiles": s.compiles,

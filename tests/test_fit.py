@@ -248,7 +248,7 @@ def test_fit_counts_a_program_the_tpu_compiler_refuses_over_hbm_as_over(tmp_path
                                     "--strategies", "unrolled", "--max-batch", "1")
     row = rows["unrolled"]
     assert row["error"] is None and (row["largest_batch"], row["next_batch"], row["next_over"]) == (0, 1, ["HBM"])
-    assert row["next_peak_bytes"] is None and row["refused"]["1"] > data["budget_bytes"] == 16_911_433_728
+    assert row["next_peak_bytes"] == row["refused"]["1"] > data["budget_bytes"] == 16_911_433_728
     # The refused row says what libtpu logged before refusing: what it needed, to the byte
     # (over the 15.75 GiB), and its largest allocation, the fp32 logits.
     rec = records[("unrolled", 1)]
@@ -261,6 +261,7 @@ def test_fit_counts_a_program_the_tpu_compiler_refuses_over_hbm_as_over(tmp_path
     md = memprobe("report", str(path))
     assert md.returncode == 0, md.stderr
     assert f"batch 1 refused by the TPU compiler over HBM (it needed {needed / 2**30:.2f} GiB" in md.stdout
+    assert f"| {needed / 2**30:.2f} refused |" in md.stdout  # the next batch's peak column
     # A refusal is an answer, kept in the cache like a peak: `compare` gives it at once, over
     # capacity by the compiler's total, and exits 0 as for any row over capacity.
     again = memprobe("compare", "--model", str(model), "--target", "v5e", "--devices", "1", "--seq", "512",

@@ -66,7 +66,8 @@ def rows(fit: FitResult) -> list[dict[str, str]]:
             "peak bytes": fmt(peak, ",d"),
             "% of budget": fmt(100 * peak / fit.budget if peak is not None else None, ".0f", "%"),
             nxt: str(s.value(hi)) if hi is not None else "-",
-            "its peak GiB": fmt(s.peaks[hi] / GIB if hi in s.peaks else None),
+            "its peak GiB": (fmt(s.refused[hi] / GIB) + " refused" if hi in s.refused
+                             else fmt(s.peaks[hi] / GIB if hi in s.peaks else None)),
             "host GiB": fmt(s.hosts[s.largest] / GIB if s.largest in s.hosts else None),
             f"{nxt} over": ", ".join(s.over(hi)) if hi is not None else "-",
             "compiles": str(s.compiles),
