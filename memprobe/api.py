@@ -140,8 +140,8 @@ def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: 
           cache: bool = True, max_host_bytes: int | None = None, on_event: OnEvent | None = None) -> list[Verdict]:
     """`memprobe check` as a call: every configuration of ``baseline`` compiled again, one
     ``Verdict`` per strategy (``passed``; ``status`` "ok", "improved", "regressed", "over
-    budget", "host regressed", "refused" (over HBM, by the TPU compiler) or "failed"). ``tolerance`` like "2%" or "0.5GiB";
-    ``max_peak`` a size like "90GiB" or bytes. Every plan is checked before anything compiles."""
+    budget", "host regressed", "refused" (over HBM, by the TPU compiler) or "failed").
+    ``tolerance`` like "2%" or "0.5GiB"; ``max_peak`` a size like "90GiB" or bytes. Every plan is checked before anything compiles."""
     tol, budget = limits(tolerance, max_peak)
     base = load_baseline(Path(baseline), allow_version_drift)
     return recheck(base, Path(baseline), tol, budget,
