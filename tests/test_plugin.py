@@ -43,3 +43,23 @@ def test_limit_marker_fails_too_low_and_passes_generous(pytester):
     r.stdout.fnmatch_lines(["*_ test_misspelt _*",
                             "memprobe_limit: unknown strategy 'scan-chekpoint' (did you mean 'scan-checkpoint'?*"])
     assert "During handling of the above exception" not in r.stdout.str()
+
+
+def test_a_program_the_tpu_compiler_refuses_fails_the_limit_saying_what_it_needed(pytester):
+    # A 3-million-token vocabulary on one v5e device: libtpu refuses the program over HBM
+    # (as in test_fit). The limit fails with the compiler's own total, not "failed to compile".
+    pytester.makefile(".toml", vocab3m='description = "tiny-e2b, 3M vocabulary"\nbase = "tiny-e2b"\n'
+                                       'vocab_size = 3000000\n')
+    pytester.makepyfile(test_refused='''
+import pytest
+
+@pytest.mark.memprobe_limit("15GiB", model="vocab3m.toml", target="v5e", devices=1, seq=512, batch=1,
+                            strategy="unrolled")
+def test_fits():
+    pass
+''')
+    r = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider", "-o", "addopts=")
+    r.assert_outcomes(failed=1)
+    r.stdout.fnmatch_lines(["memprobe: vocab3m unrolled on v5e:1x1: over HBM: the TPU compiler needed * GiB "
+                            "(* bytes) of 15.75 GiB and refused the program (*Invalid TPU program.)*(the limit is 15GiB)"])
+    assert "failed to compile" not in r.stdout.str()
