@@ -108,7 +108,7 @@ def baseline(
     if not all(m.ok for m in measurements):
         write_result(result, Format.TABLE, None)
         refused = [m.strategy for m in measurements if m.refused]
-        why = (f"; the TPU compiler refused {', '.join(dict.fromkeys(refused))} over HBM, leaving no peak to gate"
+        why = (f"; the TPU compiler refused {', '.join(dict.fromkeys(refused))} over HBM, leaving no figures to gate"
                if refused else "")
         messages().print(f"memprobe: not writing {output}: a baseline needs every strategy compiled{why}")
         return 1
