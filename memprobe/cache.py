@@ -159,7 +159,7 @@ class ResultCache:
     def put(self, job: CompileJob, env: dict[str, str], m: Measurement) -> None:
         """Stores an answer (a measurement, or a refusal over HBM); a cache that cannot be written
         is skipped silently."""
-        if not (m.ok or m.refused):
+        if not m.answered:
             return
         if not m.cached:
             self._record_time(job, m)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from memprobe.errors import BadInput
-from memprobe.measure import GIB, REFUSED_OVER_HBM, Measurement
+from memprobe.measure import GIB, OVER_HBM, Measurement
 from memprobe.model_file import is_preset, model_mapping
 from memprobe.plan import CompileJob
 from memprobe.targets import Target
@@ -304,7 +304,7 @@ def compiler_oom(log_path: str, error: str) -> tuple[str, int | None]:
             elif (b := _OOM_LARGEST.match(line)) and not largest:
                 size = re.sub(r"([\d.])([KMGT]iB)$", r"\1 \2", b.group(1))
                 largest = f"; its largest allocation, {size}, held {b.group(2).strip()}"
-        head = REFUSED_OVER_HBM if space == "hbm" else f"over memory space {space}: the TPU compiler needed "
+        head = f"{OVER_HBM if space == 'hbm' else f'over memory space {space}: '}the TPU compiler needed "
         why = f"{head}{used} GiB{total} of {capacity} GiB and refused the program ({error}){largest}"
         return why, needed if space == "hbm" else None
     return error, None
@@ -420,16 +420,16 @@ def _isolated(job: CompileJob, mode: str, timeout_s: float, tick: Callable[[floa
         if os.path.exists(result_path):
             with open(result_path) as f:
                 reply = json.load(f)
+            seconds = round(time.monotonic() - start, 3)
             if reply["status"] == "ok":
-                return {**reply, "seconds": round(time.monotonic() - start, 3)}
+                return {**reply, "seconds": seconds}
             if reply["status"] == "bad_input":
                 raise BadInput(reply["error"])
             if "Invalid TPU program" in reply["error"]:
                 why, needed = compiler_oom(log_path, reply["error"])
                 if needed is None:
                     return why
-                return {"status": "refused", "error": why, "needed_bytes": needed,
-                        "seconds": round(time.monotonic() - start, 3)}
+                return {"status": "refused", "error": why, "needed_bytes": needed, "seconds": seconds}
             return reply["error"]
         code = proc.returncode
         why = _log_reason(log_path)

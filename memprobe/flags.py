@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from memprobe.measure import GIB, Measurement
+from memprobe.measure import GIB, OVER_HBM, Measurement
 
 COLLAPSED = "collapsed"
 OFFLOAD_INERT = "offload inert"
@@ -79,6 +79,6 @@ def sanity_flags(measurements: list[Measurement]) -> dict[str, list[Flag]]:
                                           why + "; `memprobe explain` shows what is live in HBM"))
     for m in measurements:
         if m.refused:  # no figures to flag; the compiler's own words say how far over
-            reason = m.error.removeprefix("over HBM: ") if m.error else "the TPU compiler refused the program"
+            reason = m.error.removeprefix(OVER_HBM) if m.error else "the TPU compiler refused the program"
             flags[m.strategy].append(Flag(m.strategy, OVER_CAPACITY, reason))
     return flags

@@ -102,15 +102,14 @@ def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
     rows = []
     for v in verdicts:
         b, n = v.base, v.now
-        peaked = n.ok or n.refused  # a refusal's peak is the compiler's total
         rows.append({
             "configuration": configuration(b),
             "strategy": b.strategy,
             "baseline GiB": f"{b.peak_bytes / GIB:.3f}",
-            "now GiB": f"{n.peak_bytes / GIB:.3f}" if peaked else "-",
-            "delta GiB": f"{(n.peak_bytes - b.peak_bytes) / GIB:+.3f}" if peaked else "-",
-            "delta %": f"{100 * (n.peak_bytes - b.peak_bytes) / b.peak_bytes:+.2f}%" if peaked and b.peak_bytes else "-",
-            "now bytes": f"{n.peak_bytes:,}" if peaked else "-",
+            "now GiB": f"{n.peak_bytes / GIB:.3f}" if n.answered else "-",
+            "delta GiB": f"{(n.peak_bytes - b.peak_bytes) / GIB:+.3f}" if n.answered else "-",
+            "delta %": f"{100 * (n.peak_bytes - b.peak_bytes) / b.peak_bytes:+.2f}%" if n.answered and b.peak_bytes else "-",
+            "now bytes": f"{n.peak_bytes:,}" if n.answered else "-",
             # exact bytes: offloaded figures are often far below a GiB
             **({"host baseline bytes": f"{b.host_bytes:,}",
                 "host now bytes": f"{n.host_bytes:,}" if n.ok else "-"} if host else {}),
@@ -192,14 +191,13 @@ def verdicts_json(verdicts: list[Verdict], tolerance: Tolerance, max_peak: int |
     entry per strategy with exact bytes, the status the table shows, and the exit it means."""
     def entry(v: Verdict) -> dict:
         b, n = v.base, v.now
-        peaked = n.ok or n.refused  # a refusal's peak is the compiler's total
         return {"model": b.model, "strategy": b.strategy, "target": b.target, "topology": b.topology,
                 "num_devices": b.num_devices, "seq_len": b.seq_len, "batch_per_device": b.batch_per_device,
                 "step": b.step, "optimizer": b.optimizer, "param_dtype": b.param_dtype,
                 "grad_accum": b.grad_accum,
                 "status": v.status, "passed": v.passed,
-                "baseline_peak_bytes": b.peak_bytes, "now_peak_bytes": n.peak_bytes if peaked else None,
-                "delta_bytes": n.peak_bytes - b.peak_bytes if peaked else None,
+                "baseline_peak_bytes": b.peak_bytes, "now_peak_bytes": n.peak_bytes if n.answered else None,
+                "delta_bytes": n.peak_bytes - b.peak_bytes if n.answered else None,
                 "allowed_growth_bytes": tolerance.allowed(b.peak_bytes),
                 "baseline_host_bytes": b.host_bytes, "now_host_bytes": n.host_bytes if n.ok else None,
                 "error": n.error}

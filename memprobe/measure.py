@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 GIB = 1024**3
 
 # How a refused row's error begins (compile.compiler_oom writes it) when the TPU compiler ran
-# out of HBM and refused the program outright rather than reporting its peak.
-REFUSED_OVER_HBM = "over HBM: the TPU compiler needed "
+# out of HBM and refused the program outright rather than reporting its peak; the flag that
+# gives the reason leaves it out, its kind saying as much.
+OVER_HBM = "over HBM: "
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -91,6 +92,12 @@ class Measurement:
         return self.status == "refused"
 
     @property
+    def answered(self) -> bool:
+        """The compiler gave a peak: its figures (ok) or its total on refusing (refused). A
+        failed row has none."""
+        return self.ok or self.refused
+
+    @property
     def peak_bytes(self) -> int:
         """Per-device peak HBM (compiler estimate): argument + output - alias + temp; for a
         refused row the compiler's own total of that sum, whose parts it did not give."""
@@ -128,7 +135,7 @@ class Measurement:
         d = dataclasses.asdict(self)
         if d["model_config"] is None:  # a preset: its name says it all, as before model files
             del d["model_config"]
-        d["peak_bytes"] = self.peak_bytes if self.ok or self.refused else None
+        d["peak_bytes"] = self.peak_bytes if self.answered else None
         d["host_bytes"] = self.host_bytes if self.ok else None
         d["fits"] = self.fits
         d["fits_host"] = self.fits_host

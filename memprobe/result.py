@@ -127,7 +127,7 @@ class Result:
                                    f"per-device batch {m.batch_per_device}, {m.topology or m.target}) "
                                    f"is in {seen[config, m.strategy]} too")
                 seen[config, m.strategy] = where
-                if m.ok or m.refused:  # a failed row compiled nothing
+                if m.answered:  # a failed row compiled nothing
                     compiler = {k: v for k, v in m.versions.items() if k != "memprobe"}
                     first, first_compiler = compilers.setdefault(config, (where, compiler))
                     if compiler != first_compiler:

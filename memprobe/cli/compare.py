@@ -68,7 +68,7 @@ def compare(
     if ram is not None:
         measurements = with_host_ram(measurements, ram[0], devices_per_host)
     write_result(Result(measurements, command=command_line()), format, output, chart)
-    return 0 if all(m.ok or m.refused for m in measurements) else 1
+    return 0 if all(m.answered for m in measurements) else 1
 
 
 def baseline(

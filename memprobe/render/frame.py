@@ -140,12 +140,6 @@ def verdict(m: Measurement) -> str | None:
     return ", ".join(over) or "fits"
 
 
-def peak_of(m: Measurement) -> int | None:
-    """The peak a row is ranked and shown by: its compiled peak, or for a program the TPU
-    compiler refused over HBM the total its out-of-memory report gave (the same sum, with no
-    breakdown); None for a failed row."""
-    return m.peak_bytes if m.ok or m.refused else None
-
 
 @dataclasses.dataclass(frozen=True)
 class Answer:
@@ -170,7 +164,8 @@ def answer(group: list[Measurement], places: int = 2) -> Answer | None:
     None when no strategy compiled. Peaks are given to ``places`` decimals, as the table
     above shows them (the terminal table gives a tiny model's more)."""
     ok = sorted((m for m in group if m.ok), key=lambda m: m.peak_bytes)
-    answered = sorted((m for m in group if peak_of(m) is not None), key=peak_of)
+    # A refused row's peak is the compiler's total: it can be the lowest, never one that fits.
+    answered = sorted((m for m in group if m.answered), key=lambda m: m.peak_bytes)
     if not answered:
         return None
     low = answered[0]
@@ -178,7 +173,7 @@ def answer(group: list[Measurement], places: int = 2) -> Answer | None:
     def gib(n: int) -> str:
         return f"{n / GIB:.{places}f}"
 
-    size = (f"{gib(peak_of(low))} GiB ({peak_of(low):,} bytes) per device"
+    size = (f"{gib(low.peak_bytes)} GiB ({low.peak_bytes:,} bytes) per device"
             + (", refused by the TPU compiler" if low.refused else ""))
     if low.capacity_bytes is None:
         return Answer("Lowest peak", low.strategy, f", {size}; no capacity known to fit in.")
@@ -187,7 +182,7 @@ def answer(group: list[Measurement], places: int = 2) -> Answer | None:
     if not fitting:
         over = []
         if low.fits is False:
-            over.append(f"{(peak_of(low) - low.capacity_bytes) / GIB:.2f} GiB over the "
+            over.append(f"{(low.peak_bytes - low.capacity_bytes) / GIB:.2f} GiB over the "
                         f"{low.capacity_bytes / GIB:.2f} GiB of HBM")
         if low.fits_host is False:
             over.append("its host bytes over the host's RAM")
@@ -252,28 +247,28 @@ def comparison_frame(measurements: list[Measurement]) -> pd.DataFrame:
                "flags": ", ".join(f.kind for f in flags[m.strategy]),
                "other_flags": ", ".join(f.kind for f in flags[m.strategy] if f.kind not in VERDICT_FLAGS),
                "flag_reasons": "; ".join(f"{f.kind}: {f.reason}" for f in flags[m.strategy]), "cached": m.cached}
-        if m.refused:  # an answer too: over HBM by the compiler's own total, with no breakdown
-            row.update(error=None, peak_gib=m.needed_bytes / GIB, peak_bytes=m.needed_bytes,
-                       pct_of_hbm=(100.0 * m.needed_bytes / m.capacity_bytes) if m.capacity_bytes else None,
-                       delta_gib=(m.needed_bytes - base.peak_bytes) / GIB if base else None,
-                       fits=False, verdict=verdict(m), compile_s=m.process_seconds)
-        if m.ok:
+        if m.answered:  # a refused row too: over HBM by the compiler's own total, no breakdown
             row.update(
                 peak_gib=m.peak_bytes / GIB,
                 pct_of_hbm=(100.0 * m.peak_bytes / m.capacity_bytes) if m.capacity_bytes else None,
                 delta_gib=(m.peak_bytes - base.peak_bytes) / GIB if base else None,
+                fits=m.fits,
+                verdict=verdict(m),
+                peak_bytes=m.peak_bytes,
+            )
+        if m.refused:  # ranked with the others; its reason is among the flags
+            row.update(error=None, compile_s=m.process_seconds)
+        if m.ok:
+            row.update(
                 temp_gib=m.temp_bytes / GIB,
                 argument_gib=m.argument_bytes / GIB,
                 output_gib=m.output_bytes / GIB,
                 alias_gib=m.alias_bytes / GIB,
                 host_gib=m.host_bytes / GIB,
                 xla_peak_gib=(m.xla_peak_bytes / GIB) if m.xla_peak_bytes is not None else None,
-                fits=m.fits,
-                verdict=verdict(m),
                 flops=m.matmul_flops,
                 flops_ratio=flops_ratio(m, base),
                 compile_s=(m.compile_seconds or 0.0) + (m.lower_seconds or 0.0),
-                peak_bytes=m.peak_bytes,
             )
         rows.append(row)
     df = pd.DataFrame(rows, columns=[*COLUMNS, "peak_bytes"])
@@ -343,9 +338,9 @@ def sweep(groups: list[list[Measurement]]) -> Sweep | None:
     verdicts = pd.DataFrame(None, index=strategies, columns=labels, dtype=object)
     for label, group in zip(labels, groups):
         for m in group:
-            if peak_of(m) is not None:
-                peaks.loc[m.strategy, label] = peak_of(m) / GIB
-            verdicts.loc[m.strategy, label] = "failed" if peak_of(m) is None else (verdict(m) or "")
+            if m.answered:
+                peaks.loc[m.strategy, label] = m.peak_bytes / GIB
+            verdicts.loc[m.strategy, label] = (verdict(m) or "") if m.answered else "failed"
     m = groups[0][0]
     what = f"{m.model} {step_name(m)}"  # and the one length or batch all shapes share
     what += f" (per-device batch {m.batch_per_device}{per_microbatch(m)})" if batches == 1 else ""

@@ -76,7 +76,7 @@ def render(result: Result, file: IO[str]) -> None:
         if flags:
             file.write("Flags:\n\n" + "".join(f"- `{f.strategy}`: **{f.kind}**: {f.reason}\n" for f in flags)
                        + "\n")
-        failed = [m for m in group if not (m.ok or m.refused)]
+        failed = [m for m in group if not m.answered]
         if failed:
             file.write("Failed:\n\n" + "".join(f"- `{m.strategy}`: {m.error}\n" for m in failed) + "\n")
         file.write("---\n\n" + "".join(f"- {n}\n" for n in footnotes(group, result.command)) + "\n")

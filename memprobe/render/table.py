@@ -24,7 +24,7 @@ def _verdict(value) -> str:
 
 
 def caption(measurements: list[Measurement]) -> str:
-    lines = [f"{x.strategy} failed: {x.error}" for x in measurements if not (x.ok or x.refused)]
+    lines = [f"{x.strategy} failed: {x.error}" for x in measurements if not x.answered]
     lines += [f"flag on {f}" for fl in sanity_flags(measurements).values() for f in fl]
     return "\n".join(lines + footnotes(measurements))
 
