@@ -193,7 +193,8 @@ def explain(strategy: str | Strategy | None = None, *, diff: Sequence[str | Stra
     compiler's dump files on, and the buffers live at each one's peak. ``Explained.diff``
     groups what separates the two; ``report(explained, fmt)`` renders it like the CLI. A
     failed compile leaves its explanation None (``Explained.failed``), never an exception,
-    and the other strategy's answer is kept. Both of a diff compile at once where host
+    and the other strategy's answer is kept; so does a program the TPU compiler refuses over
+    HBM, whose measurement lists its out-of-memory report (``oom_allocations``). Both of a diff compile at once where host
     memory allows two compiles; answers are kept in the results cache."""
     plan = explain_plan(strategy, diff, seq=seq, batch=batch, model=model, target=target, devices=devices,
                         topology=topology, strategy_files=strategy_files, strategies_dirs=strategies_dirs,
@@ -237,7 +238,9 @@ def _explain_one(job: CompileJob, timeout_s: float, cap: int | None, store: Resu
             on_event(name, "cached", 0.0)
         return hit[0], Explanation.from_dict(hit[1])
     refused = store.get(job, env) if store else None
-    if refused is not None and refused.refused:  # `compare` already heard the compiler refuse it
+    # `compare` already heard the compiler refuse it (and kept its report: a refusal cached
+    # before memprobe kept one compiles again, to list it)
+    if refused is not None and refused.refused and refused.oom_allocations is not None:
         if on_event:
             on_event(name, "cached", 0.0)
         return refused, None
@@ -247,6 +250,8 @@ def _explain_one(job: CompileJob, timeout_s: float, cap: int | None, store: Resu
     started = time.monotonic()
     m, explanation = explain_isolated(job, timeout_s, tick, cap, stop)
     if not m.ok or explanation is None:
+        if store and m.refused:
+            store.put(job, env, m)
         if on_event:
             on_event(name, "refused" if m.refused else "failed", time.monotonic() - started)
         return m, None

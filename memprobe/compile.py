@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from memprobe.errors import BadInput
-from memprobe.measure import GIB, OVER_HBM, Measurement
+from memprobe.measure import GIB, OOM_ALLOCATIONS_KEPT, OVER_HBM, Allocation, Measurement
 from memprobe.model_file import is_preset, model_mapping
 from memprobe.plan import CompileJob
 from memprobe.targets import Target
@@ -121,7 +121,7 @@ def _answered(job: CompileJob, reply: dict | str) -> Measurement:
         return failed_record(job, reply)
     if reply["status"] == "refused":
         return _base_record(job, status="refused", error=reply["error"], needed_bytes=reply["needed_bytes"],
-                            process_seconds=reply["seconds"])
+                            oom_allocations=reply["oom_allocations"], process_seconds=reply["seconds"])
     m = Measurement.from_dict(reply["measurement"])
     return dataclasses.replace(m, process_seconds=reply["seconds"])
 
@@ -264,7 +264,10 @@ WORKER_LOG_LEVELS = {"TPU_STDERR_LOG_LEVEL": "2", "TPU_MIN_LOG_LEVEL": "2"}
 _TPU_OOM = re.compile(r"Ran out of memory in memory space (\w+)\. Used ([\d.]+)G of ([\d.]+)G \w+\. "
                       r"Exceeded \w+ capacity by ([\d.]+)G")
 _OOM_TOTAL = re.compile(r"^Total bytes: (\d+) ")
-_OOM_LARGEST = re.compile(r"^\s*[\d.]+\w+\(\s*\d+%\);\s*([\d.]+\w+);\s*\d+;\s*\d+;\s*(.+)$")
+# A line of the report: cumulative size (share); size; offset; values; their shapes.
+_OOM_ENTRY = re.compile(r"^[\d.]+\w+\(\s*\d+%\);\s*([\d.]+)(\w+);\s*(\d+);\s*(\d+);\s*(.+)$")
+_OOM_BLOCK = "cumulative_size;"  # each allocation's listing starts with this header
+_OOM_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": GIB, "TiB": 1024**4}
 
 
 def _log_lines(log_path: str) -> list[str]:
@@ -284,30 +287,57 @@ def _log_reason(log_path: str) -> str:
     return ""
 
 
-def compiler_oom(log_path: str, error: str) -> tuple[str, int | None]:
-    """``error`` with what the TPU compiler logged before it on running out of device memory,
-    and the HBM bytes it said the program needed (None when it was not HBM it ran out of, or
-    it logged no such report: ``error`` alone then). With --xla_tpu_no_crash_on_oom it goes on
-    to report most such programs' peaks, but refuses some ("Invalid TPU program")."""
+class Oom(NamedTuple):
+    """What the TPU compiler logged on running out of device memory: why, in one line; the
+    HBM bytes it needed (None when it was not HBM it ran out of, or it logged no report);
+    the largest allocations of its report, largest first."""
+
+    why: str
+    needed_bytes: int | None
+    allocations: list[Allocation]
+
+
+def compiler_oom(log_path: str, error: str) -> Oom:
+    """``error`` with what the TPU compiler logged before it on running out of device memory.
+    With --xla_tpu_no_crash_on_oom it goes on to report most such programs' peaks, but
+    refuses some ("Invalid TPU program")."""
     lines = _log_lines(log_path)
     for i in range(len(lines) - 1, -1, -1):
         m = _TPU_OOM.search(lines[i])
         if not m:
             continue
         space, used, capacity, _ = m.groups()
-        total = largest = ""
-        needed = round(float(used) * GIB)  # the GiB figure, where no byte total follows
-        for line in lines[i + 1: i + 8]:  # the memory usage report that follows
-            if (t := _OOM_TOTAL.match(line)) and not total:
-                needed = int(t.group(1))
-                total = f" ({needed:,} bytes)"
-            elif (b := _OOM_LARGEST.match(line)) and not largest:
-                size = re.sub(r"([\d.])([KMGT]iB)$", r"\1 \2", b.group(1))
-                largest = f"; its largest allocation, {size}, held {b.group(2).strip()}"
+        exact = next((int(t.group(1)) for line in lines[i + 1: i + 4] if (t := _OOM_TOTAL.match(line))), None)
+        needed = exact or round(float(used) * GIB)  # the GiB figure, where no byte total follows
+        total = f" ({exact:,} bytes)" if exact else ""
+        allocations = _oom_allocations(lines[i + 1:])
+        largest = (f"; its largest allocation, {allocations[0].size}, held {allocations[0].shapes}"
+                   if allocations else "")
         head = f"{OVER_HBM if space == 'hbm' else f'over memory space {space}: '}the TPU compiler needed "
         why = f"{head}{used} GiB{total} of {capacity} GiB and refused the program ({error}){largest}"
-        return why, needed if space == "hbm" else None
-    return error, None
+        return Oom(why, needed if space == "hbm" else None, allocations)
+    return Oom(error, None, [])
+
+
+def _oom_allocations(lines: list[str]) -> list[Allocation]:
+    """The report's allocations, largest first: its first listing is the temp heap, where
+    values share one block at several offsets; each one after it, a block of its own at
+    offset 0 (an argument and the output aliased to it). Sizes stay as the compiler rounds
+    them; they order the list and nothing else."""
+    found: list[tuple[float, Allocation]] = []
+    blocks = 0
+    for line in lines:
+        if line.startswith(_OOM_BLOCK):
+            blocks += 1
+        elif (e := _OOM_ENTRY.match(line)) and blocks:
+            number, unit, offset, values, shapes = e.groups()
+            heap = blocks == 1 or int(offset) > 0
+            found.append((float(number) * _OOM_UNITS.get(unit, 1),
+                          Allocation(f"{number} {unit}", int(values), shapes.strip(), heap)))
+        elif not (line.startswith(("---", "The rest ")) or blocks == 0):
+            break  # past the report
+    found.sort(key=lambda f: -f[0])  # stable: the compiler's order among equals
+    return [a for _, a in found[:OOM_ALLOCATIONS_KEPT]]
 
 
 Event = Callable[[int, str, float], None]
@@ -426,10 +456,11 @@ def _isolated(job: CompileJob, mode: str, timeout_s: float, tick: Callable[[floa
             if reply["status"] == "bad_input":
                 raise BadInput(reply["error"])
             if "Invalid TPU program" in reply["error"]:
-                why, needed = compiler_oom(log_path, reply["error"])
-                if needed is None:
-                    return why
-                return {"status": "refused", "error": why, "needed_bytes": needed, "seconds": seconds}
+                oom = compiler_oom(log_path, reply["error"])
+                if oom.needed_bytes is None:
+                    return oom.why
+                return {"status": "refused", "error": oom.why, "needed_bytes": oom.needed_bytes,
+                        "oom_allocations": oom.allocations, "seconds": seconds}
             return reply["error"]
         code = proc.returncode
         why = _log_reason(log_path)

@@ -671,7 +671,8 @@ EXPLAIN_SCHEMA = "memprobe.explain"
 class Explained:
     """What ``memprobe explain`` answers: per strategy asked, in the order asked, its compile's
     measurement and what was live at its peak; the explanation is None where the compile
-    failed (the measurement's ``error`` says why), and the others are kept."""
+    failed (the measurement's ``error`` says why) or the TPU compiler refused the program
+    (the measurement's ``oom_allocations`` list its report), and the others are kept."""
 
     answers: list[tuple[Measurement, Explanation | None]]
     command: str | None = None  # the command line, for report footers (the CLI sets it)
@@ -686,8 +687,15 @@ class Explained:
         return [(m, e) for m, e in self.answers if e is not None]
 
     @property
+    def answered(self) -> bool:
+        """Every strategy has its answer: what was live at its peak, or the TPU compiler's
+        refusal of it over HBM (with its out-of-memory report's allocations)."""
+        return all(e is not None or m.refused for m, e in self.answers)
+
+    @property
     def failed(self) -> list[Measurement]:
-        return [m for m, e in self.answers if e is None]
+        """The strategies whose compile failed (not those the compiler refused over HBM)."""
+        return [m for m, e in self.answers if e is None and not m.refused]
 
     @property
     def diff(self) -> list[dict[str, Any]] | None:

@@ -30,6 +30,21 @@ GIB = 1024**3
 OVER_HBM = "over HBM: "
 
 
+OOM_ALLOCATIONS_KEPT = 20  # the largest allocations of a refusal's report that its record keeps
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+    """One line of the TPU compiler's out-of-memory report: a block of HBM and the HLO values
+    it holds over the program. There is no buffer assignment to read for a program the
+    compiler refuses; this is what it says instead."""
+
+    size: str  # as the compiler rounds it: "5.72 GiB", "915.55 MiB"
+    values: int  # how many HLO values share the block over the program
+    shapes: str  # theirs, as the compiler lists them: "2×f32[512,3000000]"
+    heap: bool  # inside the program's temp heap; else a block of its own, as each argument gets
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Measurement:
     model: str
@@ -54,6 +69,9 @@ class Measurement:
     status: str = "ok"
     error: str | None = None
     needed_bytes: int | None = None  # a refused row's: what the compiler's out-of-memory report totals
+    # A refused row's: the largest allocations of that report, largest first (at most
+    # OOM_ALLOCATIONS_KEPT). None for other rows, and in refusals stored before memprobe kept them.
+    oom_allocations: list[Allocation] | None = None
     argument_bytes: int = 0
     output_bytes: int = 0
     alias_bytes: int = 0
@@ -144,7 +162,10 @@ class Measurement:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Measurement":
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        fields = {k: v for k, v in d.items() if k in names}
+        if fields.get("oom_allocations") is not None:
+            fields["oom_allocations"] = [Allocation(**a) for a in fields["oom_allocations"]]
+        return cls(**fields)
 
 
 def host_sharing(platform: str, target: str, num_devices: int, topology: str | None,

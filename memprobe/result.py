@@ -166,6 +166,24 @@ _REQUIRED = {"model", "strategy", "strategy_knobs", "target", "platform", "num_d
              "batch_per_device", "loss_chunks", "step", "status"}
 
 
+_ALLOCATION_FIELDS = {"size": str, "values": int, "shapes": str, "heap": bool}
+
+
+def _check_oom_allocations(listed: Any, at: str) -> None:
+    """A refused row's allocations from the compiler's report: absent, null or a list of
+    objects with exactly ``_ALLOCATION_FIELDS``."""
+    if listed is None:
+        return
+    if not isinstance(listed, list):
+        raise BadInput(f"{at}: expected a list, got {listed!r}")
+    for i, a in enumerate(listed):
+        if not isinstance(a, dict) or set(a) != set(_ALLOCATION_FIELDS):
+            raise BadInput(f"{at}[{i}]: expected an object with {', '.join(_ALLOCATION_FIELDS)}, got {a!r}")
+        for field, kind in _ALLOCATION_FIELDS.items():
+            if not isinstance(a[field], kind) or (kind is int and isinstance(a[field], bool)):
+                raise BadInput(f"{at}[{i}]: {field}: expected {kind.__name__}, got {a[field]!r}")
+
+
 def measurement_from_json(row: Any, at: str) -> Measurement:
     """One saved measurement (a result's row, an explain answer's); anything malformed is
     refused in one line naming ``at`` and what is wrong."""
@@ -185,6 +203,7 @@ def measurement_from_json(row: Any, at: str) -> Measurement:
     needed = row.get("needed_bytes")
     if row["status"] == "refused" and (isinstance(needed, bool) or not isinstance(needed, int) or needed <= 0):
         raise BadInput(f"{at}: needed_bytes: a refused row needs the bytes the compiler needed, got {needed!r}")
+    _check_oom_allocations(row.get("oom_allocations"), f"{at}: oom_allocations")
     if row["step"] not in {s.value for s in Step}:
         raise BadInput(f"{at}: step: {row['step']!r} is not one of {', '.join(s.value for s in Step)}")
     row = {"param_dtype": ParamDtype.FP32.value,  # saved before these knobs existed: AdamW, fp32,

@@ -273,11 +273,30 @@ def test_fit_counts_a_program_the_tpu_compiler_refuses_over_hbm_as_over(tmp_path
     assert "**over capacity (refused)**" in cells and "Failed:" not in again.stdout
     assert f"- `unrolled`: **over capacity**: {error.removeprefix('over HBM: ')}" in again.stdout
     assert "**Nothing fits; lowest peak: `unrolled`**" in again.stdout
-    # explain has no buffers to list for it, and says so at once rather than compiling again.
-    ex = memprobe("explain", "--strategy", "unrolled", "--model", str(model), "--target", "v5e", "--devices", "1",
-                  "--seq", "512", "--batch", "1")
-    assert ex.returncode == 1 and "unrolled: from cache" in ex.stderr, ex.stderr
-    assert f"unrolled: {error}; the compiler left no buffer assignment to list." in ex.stdout
+    # The record keeps the largest allocations of libtpu's report, largest first: the fp32
+    # logits and their gradient in the heap; the 3M x 128 embedding, its two Adam moments
+    # (fp32 parameters), each a block of its own, shared with the updated value donated to it.
+    listed = [(a["size"], a["values"], a["shapes"], a["heap"]) for a in rec["oom_allocations"]]
+    assert listed[0] == ("5.72 GiB", 2, "2×f32[512,3000000]", True) and len(listed) == 20, listed
+    assert listed.count(("1.43 GiB", 2, "2×f32[3000000,128]", False)) == 3, listed
+    # explain has no buffer assignment to read for it: it lists that report instead, at once
+    # from the cache rather than compiling again, and exits 0 (an answer), as compare does.
+    asked = ("explain", "--strategy", "unrolled", "--model", str(model), "--target", "v5e", "--devices", "1",
+             "--seq", "512", "--batch", "1")
+    ex = memprobe(*asked, "--format", "markdown", "--top", "4")
+    assert ex.returncode == 0 and "unrolled: from cache" in ex.stderr, ex.stderr
+    assert "## Refused over HBM: unrolled," in ex.stdout and f"- unrolled: {error}." in ex.stdout
+    assert "| 1   | 5.72 GiB | heap    | 2        | 2×f32[512,3000000] " in ex.stdout, ex.stdout
+    assert "16 more allocations (--top 20 lists them)" in ex.stdout
+    # Saved as JSON, it renders again the same (but the command line under it).
+    saved = tmp_path / "explain.json"
+    assert memprobe(*asked, "--format", "json", "-o", str(saved)).returncode == 0
+    again = memprobe("report", str(saved), "--top", "4")
+    assert again.returncode == 0, again.stderr
+
+    def but_command(text):
+        return [line for line in text.splitlines() if not line.startswith("- Command:")]
+    assert but_command(again.stdout) == but_command(ex.stdout)
 
 
 def test_fit_vary_seq_finds_the_longest_sequence_in_attention_blocks(tmp_path):

@@ -192,18 +192,35 @@ def test_libtpus_start_up_lines_are_never_a_compile_failures_reason(tmp_path):
                "TPU_WORKER_HOSTNAMES.\n=== Source Location Trace: ===\nlearning/45eac/tfrc/runtime/libtpu_init_utils.cc:370\n")
     log.write_text(startup)
     assert _log_reason(str(log)) == "" and compiler_oom(str(log), "X: Invalid TPU program.") == (
-        "X: Invalid TPU program.", None)
+        "X: Invalid TPU program.", None, [])
+    # As libtpu logs it: the heap's listing (values at several offsets), then a block of
+    # its own per argument, then the traceback; sizes rounded, the heap's smallest left out.
+    header = "  cumulative_size;       size;       offset; used_by_n_values; shapes_list\n  ----------\n"
     log.write_text(startup + "E1205 07:53:20.478970   18962 deepsea_compiler_base.cc:3540] XLA:TPU compile permanent "
                    "error. Ran out of memory in memory space hbm. Used 19.89G of 15.75G hbm. Exceeded hbm capacity "
                    "by 4.14G. HLO module: jit_train_step. Memory usage report:\n\nMemory Space: default (color=0)\n"
-                   "Total bytes: 21352807936 (19.89GiB)\n  cumulative_size;       size;       offset; "
-                   "used_by_n_values; shapes_list\n  ----------\n    5.72GiB( 41%);    5.72GiB;   6155304960;"
-                   "                2; 2×f32[512,3000000]\n   11.44GiB( 83%);    5.72GiB;     11304960;   7; bf16[9]\n")
+                   "Total bytes: 21352807936 (19.89GiB)\n" + header +
+                   "    5.72GiB( 41%);    5.72GiB;   6155304960;                2; 2×f32[512,3000000]\n"
+                   "   11.44GiB( 83%);    5.72GiB;     11304960;   7; bf16[9]\n"
+                   "   13.77GiB(100%);  915.55MiB;   1547304960;                1; f32[3000000,80]\n"
+                   "   13.79GiB(100%);   512.0KiB;            0;                1; bf16[512,512]\n"
+                   "  The rest 1341 values are less than 5% of the total size and not shown.\n\n" + header +
+                   "  915.55MiB(100%);  915.55MiB;            0;                2; 2×f32[3000000,80]\n\n" + header +
+                   "    1.43GiB(100%);    1.43GiB;            0;                2; 2×f32[3000000,128]\n\n"
+                   "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                   "    1.00GiB(100%);    1.00GiB;            0;                2; not[part,of,the,report]\n")
     assert _log_reason(str(log)).startswith("XLA:TPU compile permanent error. Ran out of memory in memory space hbm.")
-    assert compiler_oom(str(log), "X: Invalid TPU program.") == (
+    why, needed, allocations = compiler_oom(str(log), "X: Invalid TPU program.")
+    assert (why, needed) == (
         "over HBM: the TPU compiler needed 19.89 GiB (21,352,807,936 bytes) of 15.75 GiB and refused the program "
         "(X: Invalid TPU program.); its largest allocation, 5.72 GiB, held 2×f32[512,3000000]", 21_352_807_936)
+    # Largest first across the listings (the compiler's order among equals); the heap's own
+    # first listing, and any value at an offset, are in the heap.
+    assert [(a.size, a.values, a.shapes, a.heap) for a in allocations] == [
+        ("5.72 GiB", 2, "2×f32[512,3000000]", True), ("5.72 GiB", 7, "bf16[9]", True),
+        ("1.43 GiB", 2, "2×f32[3000000,128]", False), ("915.55 MiB", 1, "f32[3000000,80]", True),
+        ("915.55 MiB", 2, "2×f32[3000000,80]", False), ("512.0 KiB", 1, "bf16[512,512]", True)]
     # Out of another memory space, it is not a size over HBM: a failure, however well explained.
     log.write_text(log.read_text().replace("memory space hbm", "memory space vmem"))
-    why, needed = compiler_oom(str(log), "X: Invalid TPU program.")
+    why, needed, _ = compiler_oom(str(log), "X: Invalid TPU program.")
     assert why.startswith("over memory space vmem: the TPU compiler needed 19.89 GiB") and needed is None

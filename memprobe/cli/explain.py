@@ -77,7 +77,7 @@ def explain(
                          on_event=_progress(f"{plan.model.name} on {plan.target.label}", _hints(plan, no_cache)))
     answer = dataclasses.replace(answer, command=command_line())
     _write(answer, format, output, chart, top)
-    return 0 if answer.ok else 1
+    return 0 if answer.answered else 1
 
 
 def _hints(plan, no_cache: bool) -> dict[str, str]:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from memprobe.errors import BadInput
 from memprobe.liveness import EXPLAIN_SCHEMA, Buffer, Explained, Explanation
-from memprobe.measure import GIB, Measurement
+from memprobe.measure import GIB, OOM_ALLOCATIONS_KEPT, Measurement
 from memprobe.render import DEFAULT_TOP, terminal_width
 from memprobe.render.frame import fmt, model_note, title, versions_line
 from memprobe.result import measurement_from_json, saved_list
@@ -78,12 +78,16 @@ def write(answer: Explained, fmt_name: str, file: IO[str], top: int = DEFAULT_TO
         (ma, _), (mb, _) = answer.answers
         frame, more = diff_frame(pair, ma.strategy, mb.strategy, top)
         sections.append((frame, diff_heading(ma, mb), more, diff_notes(*answer.answers, answer.command)))
+    command = [f"Command: `{answer.command}`"] if answer.command else []
     for m, e in answer.answers:
+        if m.refused and m.oom_allocations is not None:  # no program: the compiler's report instead
+            frame, more = oom_frame(m, top)
+            sections.append((frame, oom_heading(m), more, [*oom_notes(m), *command]))
+            continue
         if e is None:
             why = (f"{m.strategy}: {m.error}; the compiler left no buffer assignment to list." if m.refused
                    else f"{m.strategy} failed: {m.error}; nothing to list.")
-            sections.append((None, heading(m), "", [why,
-                                                      *([f"Command: `{answer.command}`"] if answer.command else [])]))
+            sections.append((None, heading(m), "", [why, *command]))
             continue
         frame, more = buffers_frame(m, e, top)
         sections.append((frame, heading(m), more, explain_notes(m, e, answer.command)))
@@ -126,6 +130,33 @@ def _listing(buffers: list[Buffer], whole: int, share: str, top: int) -> tuple[p
     rest_bytes = sum(b.bytes for b in rest)
     more = f"{len(rest)} more buffers, {_size(rest_bytes)} ({rest_bytes:,} bytes)" if rest else ""
     return pd.DataFrame(rows), more
+
+
+def oom_frame(m: Measurement, top: int) -> tuple[pd.DataFrame, str]:
+    """The ``top`` largest allocations of the out-of-memory report a refused program left, and a
+    line for the rest that its record keeps."""
+    listed = m.oom_allocations or []
+    rows = [{"#": i + 1, "size": a.size, "block": "heap" if a.heap else "own", "values": a.values,
+             "shapes": a.shapes} for i, a in enumerate(listed[:top])]
+    rest = len(listed) - top
+    return pd.DataFrame(rows), f"{rest} more allocations (--top {len(listed)} lists them)" if rest > 0 else ""
+
+
+def oom_heading(m: Measurement) -> str:
+    return f"Refused over HBM: {m.strategy}, {title(m)}"
+
+
+def oom_notes(m: Measurement) -> list[str]:
+    return [f"{m.strategy}: {m.error}.",
+            "The compiler built no program, so there is no buffer assignment or live range to read: "
+            "these are the largest allocations of its out-of-memory report, largest first, sizes as it "
+            "rounds them. The compiler leaves out the heap's smallest values (under 5% of its total "
+            "between them)" + (f"; memprobe keeps the {OOM_ALLOCATIONS_KEPT} largest allocations." if
+                               len(m.oom_allocations or []) >= OOM_ALLOCATIONS_KEPT else "."),
+            "block: heap, inside the program's temp heap, where the values listed take turns; own, a "
+            "block of its own, as each argument gets (a parameter or optimizer state, with the updated "
+            "value donated into it: 2 values).",
+            "Shapes are per device. To have each buffer named, explain a smaller shape the compiler accepts."]
 
 
 def peak_parts(m: Measurement, e: Explanation) -> dict[str, int]:
@@ -291,7 +322,7 @@ def diff_notes(a: tuple[Measurement, Explanation], b: tuple[Measurement, Explana
 
 # Left out first on a narrow terminal: the compiler's value names, then exact bytes, shares,
 # layers and counts; the rank, size, shape and what the buffer is always stay.
-_DROP = {"HLO value": 1, "bytes": 2, "% of peak": 3, "% of host live": 3, "layer": 4}
+_DROP = {"HLO value": 1, "bytes": 2, "% of peak": 3, "% of host live": 3, "layer": 4, "values": 2}
 
 
 def render_table(frame: pd.DataFrame, heading: str, more: str, notes: list[str], file: IO[str],
@@ -301,8 +332,8 @@ def render_table(frame: pd.DataFrame, heading: str, more: str, notes: list[str],
 
     from memprobe.render.columns import Column, fitted_table
 
-    columns = [Column(str(col), justify="left" if col in ("shape", "what", "layer", "HLO value") else "right",
-                      wrap=col in ("what", "layer"),
+    columns = [Column(str(col), justify="left" if col in ("shape", "shapes", "block", "what", "layer", "HLO value") else "right",
+                      wrap=col in ("what", "layer", "shapes"),
                       drop=_DROP.get(str(col), 5 if str(col).startswith("count ") else None))
                for col in frame.columns]
     cells = [[escape(str(v)) for v in row] for row in frame.itertuples(index=False)]

@@ -83,7 +83,8 @@ def footnotes(group: list[Measurement], command: str | None = None) -> list[str]
            + (" (some rows answered from the results cache)." if any(m.cached for m in group) else ".")]
     if any(m.refused for m in group):
         out.append(f"{REFUSED_VERDICT}: the TPU compiler ran out of HBM and refused the program; the peak "
-                   "shown is the total of its out-of-memory report, which breaks it down no further.")
+                   "shown is the total of its out-of-memory report, with no temp or argument split; "
+                   "`memprobe explain` lists the report's largest allocations.")
     if m0.capacity_bytes and m0.platform == "cuda":
         out.append(f"HBM per device: {m0.capacity_bytes / GIB:.2f} GiB ({m0.capacity_bytes:,} bytes), the "
                    "target config's device_memory_size; the GPU compiler does not refuse larger programs.")
