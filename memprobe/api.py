@@ -23,7 +23,7 @@ from memprobe.measure import Measurement
 from memprobe.plan import DEFAULT_MODEL, CompileJob, Optimizer, ParamDtype, Plan, Step, job_labels, make_plan, sweep
 from memprobe.render import DEFAULT_TOP
 from memprobe.result import Result, read_json
-from memprobe.search import AXES, FitResult, RoundRunner, fit_plan, search_axis
+from memprobe.search import AXES, FitResult, RoundRunner, fit_sweep, search_axis
 from memprobe.strategy import DEFAULT_STRATEGIES, Strategy, load_catalogue, select
 from memprobe.targets import DEFAULT_TARGET, require_backend, resolve_target
 
@@ -149,7 +149,8 @@ def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: 
                                      max_host_bytes=max_host_bytes, on_event=on_event).measurements)
 
 
-def fit(*, vary: str = "batch", seq: int | None = None, batch: int | None = None, model: str = DEFAULT_MODEL,
+def fit(*, vary: str = "batch", seq: int | Sequence[int] | None = None, batch: int | Sequence[int] | None = None,
+        model: str = DEFAULT_MODEL,
         target: str = DEFAULT_TARGET, devices: int | None = None, topology: str | None = None,
         strategies: Sequence[str | Strategy] | str | None = None, strategy_files: Iterable[Path] = (),
         strategies_dirs: Iterable[Path] = (), loss_chunks: int | None = None, step: Step | str = Step.TRAIN,
@@ -158,17 +159,24 @@ def fit(*, vary: str = "batch", seq: int | None = None, batch: int | None = None
         budget: str | int | None = None, max_batch: int | None = None, max_seq: int | None = None,
         host_ram: str | int | None = None, devices_per_host: int | None = None, jobs: int | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True, max_host_bytes: int | None = None,
-        on_event: OnEvent | None = None, runner: RoundRunner | None = None) -> FitResult:
+        on_event: OnEvent | None = None, runner: RoundRunner | None = None) -> FitResult | list[FitResult]:
     """`memprobe fit` as a call: the largest per-device batch at ``seq`` (``vary="batch"``), or
     the longest sequence at ``batch`` in whole attention blocks (``vary="seq"``), at which
     each strategy's step fits ``budget`` (a size like "85GiB", bytes, or the target's HBM)
     and, with ``host_ram``, its host bytes fit one host's RAM. ``FitResult.answers()`` gives
     the size per strategy. Labels in ``on_event`` are "STRATEGY batch N" / "STRATEGY seq N".
-    ``runner`` replaces how a round is compiled (the CLI passes its progress display)."""
+    ``runner`` replaces how a round is compiled (the CLI passes its progress display).
+
+    The shape held fixed (``seq``, or ``batch`` with ``vary="seq"``) may be a list: a sweep,
+    one ``FitResult`` per value in a list, labels naming the shape ("checkpoint batch 3 @ seq
+    8192")."""
     if vary not in AXES:
         raise BadInput(f"vary: {vary!r} is not one of {', '.join(AXES)}")
-    axis, unit, max_n, seq, batch = search_axis(vary, seq, batch, max_batch, max_seq, loss_chunks)
-    plan, _ = resolve_plan(seq=seq, batch=batch, model=model, target=target, devices=devices,
+    asked = seq if vary == "batch" else batch  # the shape held fixed: one value, or a list (a sweep)
+    seqs, batches = (None if v is None else listed(v, name) for v, name in ((seq, "seq"), (batch, "batch")))
+    axis, unit, max_n, seq0, batch0 = search_axis(vary, seqs and seqs[0], batches and batches[0], max_batch,
+                                                  max_seq, loss_chunks)
+    plan, _ = resolve_plan(seq=seq0, batch=batch0, model=model, target=target, devices=devices,
                            topology=topology, strategies=strategies, strategy_files=strategy_files,
                            strategies_dirs=strategies_dirs, loss_chunks=loss_chunks, step=step,
                            optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)
@@ -177,8 +185,10 @@ def fit(*, vary: str = "batch", seq: int | None = None, batch: int | None = None
         def runner(wanted: list[CompileJob], labels: list[str], what: str) -> list[Measurement]:
             return compile_labelled(wanted, labels, jobs=jobs, timeout_s=timeout_s, cache=cache,
                                     max_host_bytes=max_host_bytes, on_event=on_event)
-    return fit_plan(plan, axis, unit, max_n, runner, budget=budget, host_ram=host_ram,
-                    devices_per_host=devices_per_host)
+    fixed = (seqs or [seq0]) if axis == "batch" else (batches or [batch0])
+    found = fit_sweep(plan, axis, unit, max_n, runner, fixed, loss_chunks, budget=budget, host_ram=host_ram,
+                      devices_per_host=devices_per_host)
+    return found if isinstance(asked, (list, tuple)) else found[0]
 
 
 def explain(strategy: str | Strategy | None = None, *, diff: Sequence[str | Strategy] | None = None,

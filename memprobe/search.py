@@ -41,7 +41,7 @@ from collections.abc import Callable
 from memprobe.errors import BadInput
 from memprobe.measure import (GIB, Measurement, host_ram_check, parse_positive_size, with_host_ram)
 from memprobe.model._config import attention_block_size, default_loss_chunks
-from memprobe.plan import CompileJob, Plan, Shapes
+from memprobe.plan import CompileJob, Plan, Shapes, sweep
 
 AXES = ("batch", "seq")  # what a fit varies: the per-device batch, or the sequence length
 
@@ -288,6 +288,32 @@ class FitResult:
         return fit
 
 
+FITS_SCHEMA = "memprobe.fits"  # several fits of one sweep (--seq 8192,24576) in one file
+
+
+def fits_to_json(fits: list[FitResult]) -> dict:
+    """One fit as its own JSON (``FitResult.to_json``); the fits of a sweep, one per shape, in
+    one container."""
+    if len(fits) == 1:
+        return fits[0].to_json()
+    parts = [f.to_json() for f in fits]
+    return {"schema": FITS_SCHEMA, "schema_version": 1, "created": parts[0]["created"],
+            "command": fits[0].command, "axis": fits[0].axis, "fits": parts}
+
+
+def fits_from_json(data: dict, where: str = "result") -> list[FitResult]:
+    """Reads what ``fits_to_json`` wrote; anything malformed is refused in one line."""
+    if data.get("schema") != FITS_SCHEMA:
+        return [FitResult.from_json(data, where)]
+    listed = data.get("fits")
+    if not isinstance(listed, list) or not listed or not all(isinstance(d, dict) for d in listed):
+        raise BadInput(f"{where}: fits: expected a non-empty list of fit results")
+    fits = [FitResult.from_json(d, f"{where}: fits[{i}]") for i, d in enumerate(listed)]
+    if len({(f.axis, f.unit) for f in fits}) > 1:
+        raise BadInput(f"{where}: fits: the fits of one sweep must search the same axis")
+    return fits
+
+
 #: Compiles one round of a fit: (jobs, their labels, a line saying what they are) -> measurements.
 RoundRunner = Callable[[list[CompileJob], list[str], str], list[Measurement]]
 
@@ -298,10 +324,11 @@ DEFAULT_FIT_SEQ = 24576
 
 def fit_plan(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, *,
              budget: str | int | None = None, host_ram: str | int | None = None,
-             devices_per_host: int | None = None) -> FitResult:
+             devices_per_host: int | None = None, at: str = "") -> FitResult:
     """The search of ``fit`` on a checked plan, whose shapes give what stays fixed; ``max_n``
     sizes of ``unit`` along ``axis`` at most (see ``search_axis``). Checks the budget and host
-    RAM before the first round."""
+    RAM before the first round. ``at`` names the fixed shape in progress labels, in a sweep
+    ("seq 8192")."""
     if budget is not None:
         limit = parse_positive_size(budget, "--budget") if isinstance(budget, str) else budget
         source = "--budget"
@@ -326,9 +353,9 @@ def fit_plan(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, 
         rounds += 1
         wanted = [plan.job(by_name[name], shapes(n)) for name, n in pairs]
         sizes = ("batch size" if axis == "batch" else "sequence length") + ("s" if len(pairs) != 1 else "")
-        what = (f"{len(pairs)} {sizes} for {plan.model.name} on {plan.target.label} "
+        what = (f"{len(pairs)} {sizes} for {plan.model.name} on {plan.target.label}{f' at {at}' if at else ''} "
                 f"(round {rounds}, budget {limit / GIB:.2f} GiB)")
-        out = runner(wanted, [f"{name} {axis} {n * unit}" for name, n in pairs], what)
+        out = runner(wanted, [f"{name} {axis} {n * unit}{f' @ {at}' if at else ''}" for name, n in pairs], what)
         if ram is not None:
             out = with_host_ram(out, ram, per_host)
         measured.extend(out)
@@ -338,6 +365,21 @@ def fit_plan(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, 
                        axis=axis, unit=unit)
     result.searches = search(list(by_name), limit, max_n, measure, result.host_budget, axis, unit)
     return result
+
+
+def fit_sweep(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, fixed: list[int],
+              loss_chunks: int | None = None, **limits) -> list[FitResult]:
+    """``fit_plan`` at each value of the shape the search holds fixed, in the order given: the
+    length for a batch search (--seq 8192,24576), the batch for a length search. Every shape
+    is checked before the first compile; ``limits`` are ``fit_plan``'s budget and host RAM."""
+    seqs, batches = (fixed, [plan.shapes.batch_per_device]) if axis == "batch" else ([plan.shapes.seq_len], fixed)
+    plans = sweep(plan, seqs, batches, loss_chunks)
+
+    def at(p: Plan) -> str:
+        if len(plans) == 1:
+            return ""
+        return f"seq {p.shapes.seq_len}" if axis == "batch" else f"batch {p.shapes.batch_per_device}"
+    return [fit_plan(p, axis, unit, max_n, runner, at=at(p), **limits) for p in plans]
 
 
 def search_axis(vary: str, seq: int | None, batch: int | None, max_batch: int | None, max_seq: int | None,

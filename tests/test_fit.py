@@ -366,6 +366,51 @@ def test_a_saved_fit_result_is_rendered_again_by_report(tmp_path):
     assert bad.returncode == 2 and "not a memprobe fit result (KeyError: 'budget_bytes')" in bad.stderr
 
 
+def test_fit_at_several_lengths_is_each_lengths_own_fit_with_the_answers_side_by_side(tmp_path):
+    import memprobe as api
+    from memprobe.search import FitResult
+
+    # seq 256 is the search of test_fit_on_cpu_answers_...: from this worker's cache.
+    args = ("--model", "tiny-e2b", "--target", "cpu", "--budget", "80MiB", "--strategies", "checkpoint,unrolled")
+    path = tmp_path / "sweep.json"
+    r = memprobe("fit", *args, "--seq", "256,512", "--format", "json", "--output", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "checkpoint batch 1 @ seq 512" in r.stderr and "at seq 512 (round 1, budget 0.08 GiB)" in r.stderr
+    data = json.loads(path.read_text())
+    assert (data["schema"], data["axis"], len(data["fits"])) == ("memprobe.fits", "batch", 2)
+    # Each length's fit is the fit of that length alone, row for row.
+    one = memprobe("fit", *args, "--seq", "256", "--format", "json")
+    assert one.returncode == 0 and "0 compiled" in one.stderr, one.stderr
+    assert data["fits"][0]["rows"] == json.loads(one.stdout)["rows"]
+    rows = [{row["strategy"]: row for row in f["rows"]} for f in data["fits"]]
+    assert {m["seq_len"] for c in data["fits"][1]["result"]["comparisons"] for m in c["rows"]} == {512}
+    for name in ("checkpoint", "unrolled"):  # twice the length: no more examples fit
+        assert rows[1][name]["largest_batch"] <= rows[0][name]["largest_batch"]
+    # At 512, unrolled is over even at batch 1; checkpoint still fits some.
+    assert rows[1]["unrolled"]["largest_batch"] == 0 < rows[1]["checkpoint"]["largest_batch"]
+    # Rendered again: each length's table, then the answers side by side.
+    md = memprobe("report", str(path))
+    assert md.returncode == 0, md.stderr
+    assert "seq 256: the largest per-device batch" in md.stdout and "seq 512: the largest per-device batch" in md.stdout
+    assert "## tiny-e2b train step on cpu, 1 device: the largest per-device batch at each length within 0.08 GiB" in md.stdout
+    assert md.stdout.index("seq 512: the largest") < md.stdout.index("| strategy | seq 256 | seq 512 |")
+    for name in ("checkpoint", "unrolled"):
+        cells = [f"{r[name]['largest_batch']} ({r[name]['peak_bytes'] / 2**30:.2f} GiB)" if r[name]["largest_batch"]
+                 else "0 (over)" for r in rows]
+        assert f"| {name} | {cells[0]} | {cells[1]} |" in md.stdout
+    again = memprobe("report", str(path), "--format", "json")
+    assert again.returncode == 0 and again.stdout == path.read_text()
+    # The library: a list of lengths gives a list of fits (from the cache), one length a fit.
+    found = api.fit(seq=[256, 512], model="tiny-e2b", target="cpu", budget="80MiB", strategies=["checkpoint", "unrolled"])
+    assert [f.answers() for f in found] == [{n: r[n]["largest_batch"] for n in r} for r in rows]
+    assert isinstance(api.fit(seq=256, model="tiny-e2b", target="cpu", budget="80MiB", strategies=["unrolled"]),
+                      FitResult)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"schema": "memprobe.fits", "fits": []}')
+    bad = memprobe("report", str(broken))
+    assert bad.returncode == 2 and "fits: expected a non-empty list of fit results" in bad.stderr
+
+
 def test_a_failed_compile_ends_that_search_with_its_first_reason_and_exit_1():
     r = memprobe("fit", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--budget", "100MiB",
                  "--strategies", "checkpoint", "--timeout", "0.5", "--no-cache", "--format", "json")

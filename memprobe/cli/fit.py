@@ -10,12 +10,12 @@ import typer
 
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, output_file
-from memprobe.cli.compare import check_run_options, plan_from_options, run_jobs, say_skipped
+from memprobe.cli.compare import check_run_options, int_list, plan_from_options, run_jobs, say_skipped
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.plan import DEFAULT_MODEL, ParamDtype, Step
 from memprobe.render import FitFormat
 from memprobe.search import DEFAULT_FIT_SEQ as DEFAULT_SEQ
-from memprobe.search import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQ, fit_plan, search_axis
+from memprobe.search import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQ, fit_sweep, search_axis
 from memprobe.targets import DEFAULT_TARGET
 
 
@@ -25,10 +25,12 @@ class Axis(str, Enum):
 
 
 def fit(
-    seq: Annotated[int | None, typer.Option(
-        "--seq", help=f"Sequence length, with --vary batch (default {DEFAULT_SEQ}).")] = None,
-    batch: Annotated[int | None, typer.Option(
-        "--batch", help="Per-device batch, with --vary seq (default 1).")] = None,
+    seq: Annotated[str | None, typer.Option(
+        "--seq", metavar="<int>[,<int>...]", help=f"Sequence length, with --vary batch (default {DEFAULT_SEQ}); "
+        "several, comma-separated, search the batch at each.")] = None,
+    batch: Annotated[str | None, typer.Option(
+        "--batch", metavar="<int>[,<int>...]", help="Per-device batch, with --vary seq (default 1); several, "
+        "comma-separated, search the length at each.")] = None,
     vary: Annotated[Axis, typer.Option(
         "--vary", help="What to search: the per-device batch at --seq, or the sequence length at "
         "--batch (in steps of one attention block, 512 tokens).")] = Axis.BATCH,
@@ -66,12 +68,16 @@ def fit(
     Compiles batch 1 and 2, then the batch the line through them predicts and the one after,
     until a compiled batch fits and the next is over (4 compiles per strategy on a linear peak);
     --vary seq does the same with the length, one attention block at a time. With --host-ram a
-    size must also fit its host bytes (offload) in the host's RAM. Every compile is cached, so
-    `compare` afterwards answers at once. Exit code 1 when a strategy's search failed (the
-    others are still shown).
+    size must also fit its host bytes (offload) in the host's RAM. Several lengths (--seq
+    8192,24576; with --vary seq, several batches) search at each, with a table of the answers
+    side by side. Every compile is cached, so `compare` afterwards answers at once. Exit code 1
+    when a strategy's search failed (the others are still shown).
     """
-    axis, unit, max_n, seq, batch = search_axis(vary.value, seq, batch, max_batch, max_seq, loss_chunks)
-    plan, skipped = plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
+    seqs = None if seq is None else int_list(seq, "--seq")
+    batches = None if batch is None else int_list(batch, "--batch")
+    axis, unit, max_n, seq0, batch0 = search_axis(vary.value, seqs and seqs[0], batches and batches[0], max_batch,
+                                                  max_seq, loss_chunks)
+    plan, skipped = plan_from_options(seq0, batch0, model, target, devices, topology, strategies, strategy_file,
                                       strategies_dir, loss_chunks, step, optimizer, param_dtype,
                                       grad_accum)
     cap = check_run_options(timeout, jobs, max_host_memory)
@@ -85,15 +91,17 @@ def fit(
             first = False
         return run_jobs(wanted, what, timeout, jobs, no_cache, cap, labels=labels)
 
-    result = fit_plan(plan, axis, unit, max_n, runner, budget=budget, host_ram=host_ram,
-                      devices_per_host=devices_per_host)
-    result.command = command_line()
-    from memprobe.render.fit import render  # pandas, through the shared footnotes
+    fixed = (seqs or [seq0]) if axis == "batch" else (batches or [batch0])
+    results = fit_sweep(plan, axis, unit, max_n, runner, fixed, loss_chunks, budget=budget, host_ram=host_ram,
+                        devices_per_host=devices_per_host)
+    for result in results:
+        result.command = command_line()
+    from memprobe.render.fit import fixed_shape, render_fits  # pandas, through the shared footnotes
 
     with output_file(output) as f:
-        render(result, format, f)
-    failed = [s for s in result.searches if s.error is not None]
-    for s in failed:
-        messages().print(f"memprobe: {s.strategy}: search stopped: {s.error}")
+        render_fits(results, format, f)
+    failed = [(fixed_shape(r) if len(results) > 1 else "", s) for r in results for s in r.searches if s.error]
+    for at, s in failed:
+        messages().print(f"memprobe: {s.strategy}{f' at {at}' if at else ''}: search stopped: {s.error}")
     return 1 if failed else 0
 

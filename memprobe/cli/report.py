@@ -15,6 +15,7 @@ from memprobe.measure import parse_host_ram, with_host_ram
 from memprobe.liveness import EXPLAIN_SCHEMA
 from memprobe.render import DEFAULT_TOP, ExplainFormat, FitFormat, Format, check_top
 from memprobe.result import Result, read_json
+from memprobe.search import FITS_SCHEMA, fits_from_json
 
 
 def report(
@@ -38,7 +39,7 @@ def report(
     loaded_files = []
     for path in results:
         data = read_json(path)
-        if isinstance(data, dict) and data.get("schema") == "memprobe.fit":
+        if isinstance(data, dict) and data.get("schema") in ("memprobe.fit", FITS_SCHEMA):
             if len(results) > 1:
                 raise BadInput(f"{path}: a fit result renders on its own, not merged with other results")
             return _fit_report(data, path, format, output, chart, ram, top)
@@ -61,8 +62,7 @@ def report(
 
 def _fit_report(data: dict, path: Path, format: Format, output: Path | None, chart: Path | None,
                 ram: int | None, top: int | None) -> int:
-    from memprobe.search import FitResult
-    from memprobe.render.fit import render
+    from memprobe.render.fit import render_fits
 
     if format.value not in {f.value for f in FitFormat}:
         raise BadInput(f"{path}: a fit result renders as table, markdown or json, not {format.value}")
@@ -70,10 +70,10 @@ def _fit_report(data: dict, path: Path, format: Format, output: Path | None, cha
         raise BadInput(f"{path}: --chart and --host-ram apply to comparisons, not to a fit result")
     if top is not None:
         raise BadInput(f"{path}: --top applies to an explain result, not to a fit result")
-    fit = FitResult.from_json(data, str(path))
+    fits = fits_from_json(data, str(path))
     check_writable(output)
     with output_file(output) as f:
-        render(fit, FitFormat(format.value), f)
+        render_fits(fits, FitFormat(format.value), f)
     return 0
 
 

@@ -1,5 +1,6 @@
 """`memprobe fit` output: the largest batch (or longest sequence) per strategy, as a terminal
-table, markdown or JSON, all from one ``FitResult``."""
+table, markdown or JSON, all from one ``FitResult``; for a sweep (several lengths, or with
+--vary seq several batches) the answers side by side first, then each fit's own table."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import IO
 
 from memprobe.measure import GIB
 from memprobe.render import FitFormat
+from memprobe.render.columns import Column, fitted_table
 from memprobe.render.frame import (PEAK_FORMULA, devices, fmt, model_note, per_microbatch, step_name, versions_line,
                                    where)
-from memprobe.search import FitResult, StrategySearch
+from memprobe.search import FitResult, StrategySearch, fits_to_json
 
 
 NAMES = {  # per axis: the size's column, what it amounts to, the next size's column, its flag
@@ -123,30 +125,99 @@ def render(fit: FitResult, fmt_: FitFormat, file: IO[str], width: int | None = N
     if fmt_ is FitFormat.JSON:
         file.write(json.dumps(fit.to_json(), indent=2) + "\n")
         return
-    table = rows(fit)
-    cols = columns(fit)
-    left = ("strategy", f"{NAMES[fit.axis][2]} over", "note")
-    if fmt_ is FitFormat.MARKDOWN:
-        file.write(f"## {title(fit)}\n\n")
-        file.write("| " + " | ".join(cols) + " |\n")
-        file.write("|" + "|".join(":--" if c in left else "--:" for c in cols) + "|\n")
-        for r in table:
-            file.write("| " + " | ".join(r[c].replace("|", "\\|") for c in cols) + " |\n")
-        file.write("\n---\n\n" + "".join(f"- {n}\n" for n in footnotes(fit)) + "\n")
-        return
-    from rich.console import Console
-    from rich.markup import escape
-
-    from memprobe.render import terminal_width
-    from memprobe.render.columns import Column, fitted_table
-
     size, amount, nxt, _ = NAMES[fit.axis]
+    left = ("strategy", f"{nxt} over", "note")
     # Left out first on a narrow terminal; the answer, its peak, the next size and the note stay.
     drops = {"compiles": 1, amount: 2, "% of budget": 3, "peak bytes": 4, "its peak GiB": 5, "host GiB": 6,
              f"{nxt} over": 7}
     spec = [Column(c, justify="left" if c in left else "right", style="bold" if c == size else None,
-                   wrap=c in ("note", f"{nxt} over"), drop=drops.get(c)) for c in cols]
+                   wrap=c in ("note", f"{nxt} over"), drop=drops.get(c)) for c in columns(fit)]
+    _write(title(fit), spec, rows(fit), footnotes(fit), fmt_, file, width)
+
+
+def _write(head: str, spec: list[Column], table: list[dict[str, str]], notes: list[str], fmt_: FitFormat,
+           file: IO[str], width: int | None, framed: bool = True) -> None:
+    """A table of ``table``'s rows under ``head``, its notes below: markdown, or fitted to the
+    terminal, ``head`` and notes in the table's frame or (``framed`` False, for a narrow table)
+    as lines of their own, the width of the terminal."""
+    cols = [c.header for c in spec]
+    if fmt_ is FitFormat.MARKDOWN:
+        file.write(f"## {head}\n\n")
+        file.write("| " + " | ".join(cols) + " |\n")
+        file.write("|" + "|".join(":--" if c.justify == "left" else "--:" for c in spec) + "|\n")
+        for r in table:
+            file.write("| " + " | ".join(r[c].replace("|", "\\|") for c in cols) + " |\n")
+        file.write("\n---\n\n" + "".join(f"- {n}\n" for n in notes) + "\n")
+        return
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.text import Text
+
+    from memprobe.render import terminal_width
+
     width = width or terminal_width(file)
-    t = fitted_table(title(fit), spec, [[escape(r[c]) for c in cols] for r in table], footnotes(fit), width,
-                     full="--format markdown")
-    Console(file=file, width=width, soft_wrap=False).print(t)
+    cells = [[escape(r[c]) for c in cols] for r in table]
+    console = Console(file=file, width=width, soft_wrap=False)
+    if framed:
+        console.print(fitted_table(head, spec, cells, notes, width, full="--format markdown"))
+        return
+    console.print(Text(head, style="bold"))
+    console.print(fitted_table("", spec, cells, [], width, full="--format markdown"))
+    for line in notes:
+        console.print(Text(line))
+
+
+def fixed_shape(fit: FitResult) -> str:
+    """What a fit held fixed, as a sweep names it: "seq 8192" for a batch search, "batch 8"
+    for a length search."""
+    m = fit.measurements[0]
+    return f"seq {m.seq_len}" if fit.axis == "batch" else f"batch {m.batch_per_device}"
+
+
+def sweep_rows(fits: list[FitResult]) -> tuple[list[str], list[dict[str, str]]]:
+    """The answers of a sweep side by side: one row per strategy (in the first fit's ranking),
+    one column per fixed shape, each cell the size found and its peak."""
+    cols = ["strategy", *(fixed_shape(f) for f in fits)]
+    by_fit = [{s.strategy: s for s in f.searches} for f in fits]
+    out = []
+    for first in fits[0].ranked():
+        row = {"strategy": first.strategy}
+        for col, searches in zip(cols[1:], by_fit):
+            s = searches.get(first.strategy)
+            peak = s.peaks.get(s.largest) if s else None
+            row[col] = ("-" if s is None or s.error is not None else
+                        f"{s.value(s.largest)} ({peak / GIB:.2f} GiB)" if peak is not None else "0 (over)")
+        out.append(row)
+    return cols, out
+
+
+def sweep_title(fits: list[FitResult]) -> str:
+    fit, m = fits[0], fits[0].measurements[0]
+    what = (f"the largest per-device batch{per_microbatch(m)} at each length" if fit.axis == "batch"
+            else f"the longest sequence at each per-device batch{per_microbatch(m)}")
+    return f"{m.model} {step_name(m)} on {where(m)}: {what} within {fit.budget / GIB:.2f} GiB per device"
+
+
+def sweep_notes(fits: list[FitResult]) -> list[str]:
+    size = "largest per-device batch" if fits[0].axis == "batch" else "longest sequence"
+    out = [f"Each cell: the {size} that fits at that shape, and its peak GiB per device (compiler estimate); "
+           "0 (over): over even at the smallest; -: the search failed. Each shape's table above says more."]
+    if fits[0].command:
+        out.append(f"Command: `{fits[0].command}`")
+    return out
+
+
+def render_fits(fits: list[FitResult], fmt_: FitFormat, file: IO[str], width: int | None = None) -> None:
+    """One fit as ``render`` writes it; a sweep's fits one after the other, then their answers
+    side by side (JSON: every fit in one container)."""
+    if fmt_ is FitFormat.JSON:
+        file.write(json.dumps(fits_to_json(fits), indent=2) + "\n")
+        return
+    for fit in fits:
+        render(fit, fmt_, file, width)
+    if len(fits) > 1:
+        cols, table = sweep_rows(fits)
+        # On a narrow terminal the last shapes are left out first, and the caption names them.
+        spec = [Column("strategy", justify="left"),
+                *(Column(c, drop=None if k == 0 else len(cols) - 1 - k) for k, c in enumerate(cols[1:]))]
+        _write(sweep_title(fits), spec, table, sweep_notes(fits), fmt_, file, width, framed=False)
