@@ -204,8 +204,9 @@ def explain(strategy: str | Strategy | None = None, *, diff: Sequence[str | Stra
     groups what separates the two; ``report(explained, fmt)`` renders it like the CLI. A
     failed compile leaves its explanation None (``Explained.failed``), never an exception,
     and the other strategy's answer is kept; so does a program the TPU compiler refuses over
-    HBM, whose measurement lists its out-of-memory report (``oom_allocations``). Both of a diff compile at once where host
-    memory allows two compiles; answers are kept in the results cache."""
+    HBM, whose measurement lists its out-of-memory report (``oom_allocations``). Both of a
+    diff compile at once where host memory allows two compiles; answers are kept in the
+    results cache."""
     plan = explain_plan(strategy, diff, seq=seq, batch=batch, model=model, target=target, devices=devices,
                         topology=topology, strategy_files=strategy_files, strategies_dirs=strategies_dirs,
                         loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype,

@@ -687,12 +687,6 @@ class Explained:
         return [(m, e) for m, e in self.answers if e is not None]
 
     @property
-    def answered(self) -> bool:
-        """Every strategy has its answer: what was live at its peak, or the TPU compiler's
-        refusal of it over HBM (with its out-of-memory report's allocations)."""
-        return all(e is not None or m.refused for m, e in self.answers)
-
-    @property
     def failed(self) -> list[Measurement]:
         """The strategies whose compile failed (not those the compiler refused over HBM)."""
         return [m for m, e in self.answers if e is None and not m.refused]

@@ -61,7 +61,8 @@ def explain(
 ) -> int:
     """List what is live at the peak: shape, size, share of the peak and the model tensor of each
     buffer, from the compiler's own buffer assignment and live ranges; for offload strategies
-    also what sits in host memory where the most is.
+    also what sits in host memory where the most is. For a program the TPU compiler refuses
+    over HBM, the largest allocations of its out-of-memory report instead (exit code 0).
 
     Compiles with the compiler's dump files on, as long as a `compare` compile; the answer is kept in the results cache.
     """
@@ -77,7 +78,7 @@ def explain(
                          on_event=_progress(f"{plan.model.name} on {plan.target.label}", _hints(plan, no_cache)))
     answer = dataclasses.replace(answer, command=command_line())
     _write(answer, format, output, chart, top)
-    return 0 if answer.answered else 1
+    return 1 if answer.failed else 0
 
 
 def _hints(plan, no_cache: bool) -> dict[str, str]:

@@ -332,8 +332,8 @@ def render_table(frame: pd.DataFrame, heading: str, more: str, notes: list[str],
 
     from memprobe.render.columns import Column, fitted_table
 
-    columns = [Column(str(col), justify="left" if col in ("shape", "shapes", "block", "what", "layer", "HLO value") else "right",
-                      wrap=col in ("what", "layer", "shapes"),
+    left = ("shape", "shapes", "block", "what", "layer", "HLO value")
+    columns = [Column(str(col), justify="left" if col in left else "right", wrap=col in ("what", "layer", "shapes"),
                       drop=_DROP.get(str(col), 5 if str(col).startswith("count ") else None))
                for col in frame.columns]
     cells = [[escape(str(v)) for v in row] for row in frame.itertuples(index=False)]

@@ -1,6 +1,6 @@
 """`memprobe fit` output: the largest batch (or longest sequence) per strategy, as a terminal
 table, markdown or JSON, all from one ``FitResult``; for a sweep (several lengths, or with
---vary seq several batches) the answers side by side first, then each fit's own table."""
+--vary seq several batches) each fit's own table, then the answers side by side."""
 
 from __future__ import annotations
 
@@ -177,18 +177,18 @@ def fixed_shape(fit: FitResult) -> str:
 def sweep_rows(fits: list[FitResult]) -> tuple[list[str], list[dict[str, str]]]:
     """The answers of a sweep side by side: one row per strategy (in the first fit's ranking),
     one column per fixed shape, each cell the size found and its peak."""
+    def cell(s: StrategySearch | None) -> str:
+        if s is None or s.error is not None:
+            return "-"
+        if not s.largest:
+            return "0 (over)"
+        return f"{s.value(s.largest)} ({s.peaks[s.largest] / GIB:.2f} GiB)"
+
     cols = ["strategy", *(fixed_shape(f) for f in fits)]
     by_fit = [{s.strategy: s for s in f.searches} for f in fits]
-    out = []
-    for first in fits[0].ranked():
-        row = {"strategy": first.strategy}
-        for col, searches in zip(cols[1:], by_fit):
-            s = searches.get(first.strategy)
-            peak = s.peaks.get(s.largest) if s else None
-            row[col] = ("-" if s is None or s.error is not None else
-                        f"{s.value(s.largest)} ({peak / GIB:.2f} GiB)" if peak is not None else "0 (over)")
-        out.append(row)
-    return cols, out
+    return cols, [{"strategy": first.strategy, **{col: cell(searches.get(first.strategy))
+                                                  for col, searches in zip(cols[1:], by_fit)}}
+                  for first in fits[0].ranked()]
 
 
 def sweep_title(fits: list[FitResult]) -> str:
