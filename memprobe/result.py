@@ -40,6 +40,14 @@ def config_of(m: Measurement) -> dict[str, Any]:
     return {f: getattr(m, f) for f in CONFIG_FIELDS}
 
 
+SHAPE_FIELDS = ("seq_len", "batch_per_device", "loss_chunks")
+
+
+def setting_of(m: Measurement) -> dict[str, Any]:
+    """A configuration but its shape: what the shapes of a sweep have in common."""
+    return {**{k: v for k, v in config_of(m).items() if k not in SHAPE_FIELDS}, "model_config": m.model_config}
+
+
 def config_key(m: Measurement) -> str:
     """One string per configuration: the rows that share it make one table. Two model files
     of one name but different sizes are two configurations."""

@@ -314,6 +314,37 @@ def fits_from_json(data: dict, where: str = "result") -> list[FitResult]:
     return fits
 
 
+def merge_fits(loaded: list[tuple[str, list[FitResult]]]) -> list[FitResult]:
+    """Saved fits (file, its fits) as one sweep, shortest or smallest fixed shape first: they
+    must differ in the shape held fixed alone (the same search, budget, host RAM and setting
+    otherwise), each shape once; anything else is refused in one line naming the file."""
+    from memprobe.result import setting_of
+
+    fits = [(where, f) for where, listed in loaded for f in listed]
+    if len(fits) == 1:
+        return [fits[0][1]]
+
+    def what(f: FitResult) -> dict:
+        return {"search": (f.axis, f.unit, f.max_n), "budget": (f.budget, f.budget_source),
+                "host RAM": (f.host_ram, f.devices_per_host), **setting_of(f.measurements[0])}
+
+    def fixed(f: FitResult) -> int:
+        m = f.measurements[0]
+        return m.seq_len if f.axis == "batch" else m.batch_per_device
+
+    (first_where, first), seen = fits[0], {}
+    name = "seq" if first.axis == "batch" else "batch"
+    for where, f in fits:
+        differs = [k for k, v in what(f).items() if v != what(first)[k]]
+        if differs:
+            raise BadInput(f"{where}: its {differs[0]} differs from {first_where}'s: fit results merge only when "
+                           f"they differ in the {'length' if name == 'seq' else 'batch'} alone")
+        if fixed(f) in seen:
+            raise BadInput(f"{where}: {name} {fixed(f)} is in {seen[fixed(f)]} too")
+        seen[fixed(f)] = where
+    return sorted((f for _, f in fits), key=fixed)
+
+
 #: Compiles one round of a fit: (jobs, their labels, a line saying what they are) -> measurements.
 RoundRunner = Callable[[list[CompileJob], list[str], str], list[Measurement]]
 

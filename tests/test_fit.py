@@ -400,6 +400,23 @@ def test_fit_at_several_lengths_is_each_lengths_own_fit_with_the_answers_side_by
         assert f"| {name} | {cells[0]} | {cells[1]} |" in md.stdout
     again = memprobe("report", str(path), "--format", "json")
     assert again.returncode == 0 and again.stdout == path.read_text()
+    # Fits saved one length at a time merge into the same sweep, shorter first, in any order;
+    # the same length twice, or a different budget, is refused in one line.
+    alone = {seq: tmp_path / f"fit{seq}.json" for seq in (256, 512)}
+    for seq, saved in alone.items():
+        assert memprobe("fit", *args, "--seq", str(seq), "--format", "json", "-o", str(saved)).returncode == 0
+    merged = memprobe("report", str(alone[512]), str(alone[256]))
+    assert merged.returncode == 0, merged.stderr
+
+    def side_by_side(text):
+        return text[text.index("| strategy | seq 256 | seq 512 |"):].split("\n\n")[0]
+    assert side_by_side(merged.stdout) == side_by_side(md.stdout)
+    twice = memprobe("report", str(alone[256]), str(path))
+    assert twice.returncode == 2 and f"{path}: seq 256 is in {alone[256]} too" in twice.stderr
+    data = json.loads(alone[512].read_text())
+    alone[512].write_text(json.dumps({**data, "budget_bytes": data["budget_bytes"] + 1}))
+    other = memprobe("report", str(alone[256]), str(alone[512]))
+    assert other.returncode == 2 and "its budget differs from" in other.stderr
     # The library: a list of lengths gives a list of fits (from the cache), one length a fit.
     found = api.fit(seq=[256, 512], model="tiny-e2b", target="cpu", budget="80MiB", strategies=["checkpoint", "unrolled"])
     assert [f.answers() for f in found] == [{n: r[n]["largest_batch"] for n in r} for r in rows]

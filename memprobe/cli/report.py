@@ -15,14 +15,15 @@ from memprobe.measure import parse_host_ram, with_host_ram
 from memprobe.liveness import EXPLAIN_SCHEMA
 from memprobe.render import DEFAULT_TOP, ExplainFormat, FitFormat, Format, check_top
 from memprobe.result import Result, read_json
-from memprobe.search import FITS_SCHEMA, fits_from_json
+from memprobe.search import FITS_SCHEMA, FitResult, fits_from_json, merge_fits
 
 
 def report(
     results: Annotated[list[Path], typer.Argument(
         help="JSON results written by --format json, `memprobe baseline`, or `memprobe fit` or "
              "`memprobe explain` with --format json. Several comparison results render as one: "
-             "rows of the same configuration share a table.", metavar="RESULT")],
+             "rows of the same configuration share a table; several fit results as one sweep.",
+        metavar="RESULT")],
     format: o.FormatOpt = Format.MARKDOWN,
     output: o.Output = None,
     chart: o.Chart = None,
@@ -34,15 +35,15 @@ def report(
 ) -> int:
     """Re-render saved results (table, markdown, json, csv, html) without recompiling, several
     merged into one; with --host-ram, judge offload rows against a host's RAM too. A `fit`
-    or `explain` result renders on its own, as table, markdown or json."""
+    result renders as table, markdown or json, several of one setting at different lengths as
+    one sweep; an `explain` result renders on its own."""
     ram = parse_host_ram(host_ram, devices_per_host)
-    loaded_files = []
+    loaded_files, fits = [], []
     for path in results:
         data = read_json(path)
         if isinstance(data, dict) and data.get("schema") in ("memprobe.fit", FITS_SCHEMA):
-            if len(results) > 1:
-                raise BadInput(f"{path}: a fit result renders on its own, not merged with other results")
-            return _fit_report(data, path, format, output, chart, ram, top)
+            fits.append((str(path), fits_from_json(data, str(path))))
+            continue
         if isinstance(data, dict) and data.get("schema") == EXPLAIN_SCHEMA:
             if len(results) > 1:
                 raise BadInput(f"{path}: an explain result renders on its own, not merged with other results")
@@ -50,6 +51,11 @@ def report(
         if top is not None:
             raise BadInput(f"{path}: --top applies to an explain result, not to a comparison")
         loaded_files.append((str(path), Result.from_json(data, str(path))))
+    if fits:
+        if loaded_files:
+            raise BadInput(f"{fits[0][0]}: a fit result renders on its own or with other fit results, not merged "
+                           "with a comparison")
+        return _fit_report(merge_fits(fits), fits[0][0], format, output, chart, ram, top)
     loaded = Result.merge(loaded_files)
     if ram is not None:
         loaded = dataclasses.replace(loaded, measurements=with_host_ram(loaded.measurements, ram,
@@ -60,8 +66,9 @@ def report(
     return 0
 
 
-def _fit_report(data: dict, path: Path, format: Format, output: Path | None, chart: Path | None,
+def _fit_report(fits: list[FitResult], path: str, format: Format, output: Path | None, chart: Path | None,
                 ram: int | None, top: int | None) -> int:
+    """Fit results (one, or the lengths of a sweep) as `memprobe fit` printed them."""
     from memprobe.render.fit import render_fits
 
     if format.value not in {f.value for f in FitFormat}:
@@ -70,7 +77,6 @@ def _fit_report(data: dict, path: Path, format: Format, output: Path | None, cha
         raise BadInput(f"{path}: --chart and --host-ram apply to comparisons, not to a fit result")
     if top is not None:
         raise BadInput(f"{path}: --top applies to an explain result, not to a fit result")
-    fits = fits_from_json(data, str(path))
     check_writable(output)
     with output_file(output) as f:
         render_fits(fits, FitFormat(format.value), f)

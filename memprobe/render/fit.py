@@ -202,8 +202,8 @@ def sweep_notes(fits: list[FitResult]) -> list[str]:
     size = "largest per-device batch" if fits[0].axis == "batch" else "longest sequence"
     out = [f"Each cell: the {size} that fits at that shape, and its peak GiB per device (compiler estimate); "
            "0 (over): over even at the smallest; -: the search failed. Each shape's table above says more."]
-    if fits[0].command:
-        out.append(f"Command: `{fits[0].command}`")
+    for command in dict.fromkeys(f.command for f in fits if f.command):  # one, or one per file merged
+        out.append(f"Command: `{command}`")
     return out
 
 

@@ -15,7 +15,7 @@ from memprobe.flags import OVER_CAPACITY, OVER_HOST_RAM, VERDICT_FLAGS, sanity_f
 from memprobe.measure import GIB, Measurement, flops_ratio
 from memprobe.model_file import describe, model_from_mapping
 from memprobe.plan import recipe, shape_label
-from memprobe.result import config_of
+from memprobe.result import setting_of
 
 COLUMNS = [
     "rank", "strategy", "peak_gib", "pct_of_hbm", "delta_gib", "temp_gib", "argument_gib",
@@ -281,9 +281,6 @@ def comparison_frame(measurements: list[Measurement]) -> pd.DataFrame:
     return out
 
 
-SHAPE_FIELDS = ("seq_len", "batch_per_device", "loss_chunks")
-
-
 @dataclasses.dataclass(frozen=True)
 class Sweep:
     """One set of strategies at several shapes (``--seq 4096,8192``), side by side: ``peaks``
@@ -324,8 +321,7 @@ def sweep(groups: list[list[Measurement]]) -> Sweep | None:
     otherwise."""
     if len(groups) < 2:
         return None
-    rest = [{**{k: v for k, v in config_of(g[0]).items() if k not in SHAPE_FIELDS},
-             "model_config": g[0].model_config} for g in groups]
+    rest = [setting_of(g[0]) for g in groups]
     if any(r != rest[0] for r in rest[1:]):
         return None
     groups = sorted(groups, key=lambda g: (g[0].seq_len, g[0].batch_per_device))  # shorter, smaller first
