@@ -217,6 +217,13 @@ class FitResult:
             return None
         return self.host_ram // self.devices_per_host
 
+    @property
+    def held(self) -> tuple[str, int]:
+        """The shape the search held fixed: ("seq", the length) for a batch search, ("batch",
+        the per-device batch) for a length search."""
+        m = self.measurements[0]
+        return ("seq", m.seq_len) if self.axis == "batch" else ("batch", m.batch_per_device)
+
     def answers(self) -> dict[str, int | None]:
         """Per strategy, the largest batch (or length in tokens) compiled and fitting: 0 when
         even the smallest is over, None when its search failed."""
@@ -328,21 +335,17 @@ def merge_fits(loaded: list[tuple[str, list[FitResult]]]) -> list[FitResult]:
         return {"search": (f.axis, f.unit, f.max_n), "budget": (f.budget, f.budget_source),
                 "host RAM": (f.host_ram, f.devices_per_host), **setting_of(f.measurements[0])}
 
-    def fixed(f: FitResult) -> int:
-        m = f.measurements[0]
-        return m.seq_len if f.axis == "batch" else m.batch_per_device
-
     (first_where, first), seen = fits[0], {}
-    name = "seq" if first.axis == "batch" else "batch"
+    expected = what(first)
     for where, f in fits:
-        differs = [k for k, v in what(f).items() if v != what(first)[k]]
+        differs = [k for k, v in what(f).items() if v != expected[k]]
         if differs:
             raise BadInput(f"{where}: its {differs[0]} differs from {first_where}'s: fit results merge only when "
-                           f"they differ in the {'length' if name == 'seq' else 'batch'} alone")
-        if fixed(f) in seen:
-            raise BadInput(f"{where}: {name} {fixed(f)} is in {seen[fixed(f)]} too")
-        seen[fixed(f)] = where
-    return sorted((f for _, f in fits), key=fixed)
+                           f"they differ in the {'length' if f.held[0] == 'seq' else 'batch'} alone")
+        if f.held in seen:
+            raise BadInput(f"{where}: {' '.join(map(str, f.held))} is in {seen[f.held]} too")
+        seen[f.held] = where
+    return sorted((f for _, f in fits), key=lambda f: f.held[1])
 
 
 #: Compiles one round of a fit: (jobs, their labels, a line saying what they are) -> measurements.

@@ -170,8 +170,8 @@ def _write(head: str, spec: list[Column], table: list[dict[str, str]], notes: li
 def fixed_shape(fit: FitResult) -> str:
     """What a fit held fixed, as a sweep names it: "seq 8192" for a batch search, "batch 8"
     for a length search."""
-    m = fit.measurements[0]
-    return f"seq {m.seq_len}" if fit.axis == "batch" else f"batch {m.batch_per_device}"
+    name, value = fit.held
+    return f"{name} {value}"
 
 
 def sweep_rows(fits: list[FitResult]) -> tuple[list[str], list[dict[str, str]]]:
