@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from memprobe.errors import BadInput
-from memprobe.measure import GIB, OOM_ALLOCATIONS_KEPT, OVER_HBM, Allocation, Measurement
+from memprobe.measure import GIB, OOM_ALLOCATIONS_KEPT, OVER_HBM, SIZE_UNITS, Allocation, Measurement
 from memprobe.model_file import is_preset, model_mapping
 from memprobe.plan import CompileJob
 from memprobe.targets import Target
@@ -267,7 +267,6 @@ _OOM_TOTAL = re.compile(r"^Total bytes: (\d+) ")
 # A line of the report: cumulative size (share); size; offset; values; their shapes.
 _OOM_ENTRY = re.compile(r"^[\d.]+\w+\(\s*\d+%\);\s*([\d.]+)(\w+);\s*(\d+);\s*(\d+);\s*(.+)$")
 _OOM_BLOCK = "cumulative_size;"  # each allocation's listing starts with this header
-_OOM_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": GIB, "TiB": 1024**4}
 
 
 def _log_lines(log_path: str) -> list[str]:
@@ -332,7 +331,7 @@ def _oom_allocations(lines: list[str]) -> list[Allocation]:
         elif (e := _OOM_ENTRY.match(line)) and blocks:
             number, unit, offset, values, shapes = e.groups()
             heap = blocks == 1 or int(offset) > 0
-            found.append((float(number) * _OOM_UNITS.get(unit, 1),
+            found.append((float(number) * SIZE_UNITS.get(unit.lower(), 1),
                           Allocation(f"{number} {unit}", int(values), shapes.strip(), heap)))
         elif not (line.startswith(("---", "The rest ")) or blocks == 0):
             break  # past the report

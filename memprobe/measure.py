@@ -235,7 +235,7 @@ def flops_ratio(m: Measurement, base: Measurement | None) -> float | None:
     return m.matmul_flops / base.matmul_flops
 
 
-_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": GIB, "tib": 1024**4,
+SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": GIB, "tib": 1024**4,
           "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
 _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*")
 
@@ -244,9 +244,9 @@ def parse_size(text: str, option: str) -> int:
     """'90GiB', '96 GB', '512MiB', '1234' (bytes) -> bytes."""
     m = _SIZE.fullmatch(text)
     unit = m.group(2).lower() if m else ""
-    if not m or unit not in _UNITS and unit:
+    if not m or unit not in SIZE_UNITS and unit:
         raise BadInput(f"{option}: {text!r} is not a size like 90GiB, 96GB or 512MiB")
-    return int(float(m.group(1)) * _UNITS[unit or "b"])
+    return int(float(m.group(1)) * SIZE_UNITS[unit or "b"])
 
 
 def parse_positive_size(text: str, option: str) -> int:
