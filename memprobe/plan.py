@@ -196,16 +196,19 @@ def shape_label(seq_len: int, batch_per_device: int, seqs: int, batches: int) ->
 
 def job_labels(plans: Sequence[Plan]) -> list[str]:
     """What progress calls each compile of ``plans``: the strategy, and in a sweep the shapes
-    that vary ("checkpoint @ seq 8192", "checkpoint @ batch 4", "checkpoint @ 8192 x 4")."""
+    that vary ("checkpoint @ seq 8192", "checkpoint @ batch 4", "checkpoint @ 8192 x 4"), or
+    the target where targets vary ("checkpoint @ h100 (8 devices)")."""
     seqs = len({p.shapes.seq_len for p in plans})
     batches = len({p.shapes.batch_per_device for p in plans})
+    targets = len({p.target for p in plans})
 
-    def at(shapes: Shapes) -> str:
-        if seqs == batches == 1:
-            return ""
-        return " @ " + shape_label(shapes.seq_len, shapes.batch_per_device, seqs, batches)
+    def at(p: Plan) -> str:
+        where = [p.target.label] if targets > 1 else []
+        if seqs > 1 or batches > 1:
+            where.append(shape_label(p.shapes.seq_len, p.shapes.batch_per_device, seqs, batches))
+        return "".join(f" @ {w}" for w in where)
 
-    labels = [s.name + at(p.shapes) for p in plans for s in p.strategies]
-    if len(set(labels)) < len(labels):  # plans that differ in more than shapes (a baseline's)
-        labels = [f"{s.name}{at(p.shapes)} [{i + 1}]" for i, p in enumerate(plans) for s in p.strategies]
+    labels = [s.name + at(p) for p in plans for s in p.strategies]
+    if len(set(labels)) < len(labels):  # plans that differ in more than shapes and targets (a baseline's)
+        labels = [f"{s.name}{at(p)} [{i + 1}]" for i, p in enumerate(plans) for s in p.strategies]
     return labels

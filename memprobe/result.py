@@ -41,11 +41,13 @@ def config_of(m: Measurement) -> dict[str, Any]:
 
 
 SHAPE_FIELDS = ("seq_len", "batch_per_device", "loss_chunks")
+TARGET_FIELDS = ("target", "platform", "num_devices", "topology")
 
 
-def setting_of(m: Measurement) -> dict[str, Any]:
-    """A configuration but its shape: what the shapes of a sweep have in common."""
-    return {**{k: v for k, v in config_of(m).items() if k not in SHAPE_FIELDS}, "model_config": m.model_config}
+def setting_of(m: Measurement, varied: tuple[str, ...] = SHAPE_FIELDS) -> dict[str, Any]:
+    """A configuration but its ``varied`` fields (its shape, by default): what the
+    comparisons of a sweep have in common."""
+    return {**{k: v for k, v in config_of(m).items() if k not in varied}, "model_config": m.model_config}
 
 
 def config_key(m: Measurement) -> str:

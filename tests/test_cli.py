@@ -359,7 +359,7 @@ def test_help_gives_a_flag_no_value():
     r = memprobe("compare", "--help", env=wide)
     assert re.search(r"--no-cache +Compile every strategy again", r.stdout), r.stdout
     assert re.search(r"--seq +<int>\[,<int>...\] +Sequence length", r.stdout), r.stdout
-    for option, takes in (("--model", "<name|file>"), ("--target", "<name>"), ("--topology", "<topology>"),
+    for option, takes in (("--model", "<name|file>"), ("--target", "<name>[,<name>...]"), ("--topology", "<topology>"),
                           ("--timeout", "<seconds>")):
         assert re.search(f"{option} +{re.escape(takes)} ", r.stdout), (option, r.stdout)
 

@@ -2,6 +2,7 @@
 comparison, the peaks side by side, and a baseline of it gated shape by shape."""
 
 import dataclasses
+import importlib.util
 import io
 import json
 import re
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 import memprobe as api
+from memprobe.api import resolve_plans
 from memprobe.plan import job_labels, make_plan, sweep
 from memprobe.render import Format, render
 from memprobe.render.chart import AXES, SWEEP_HEADROOM, render_sweep_png
@@ -149,11 +151,11 @@ def test_results_of_several_shapes_merged_are_set_side_by_side_and_over_capacity
     render(failed, Format.TABLE, text)
     assert "8192 x 1: nothing compiled" in text.getvalue() and "│   failed │" in text.getvalue()
     assert render_sweep_png(sweep_of(failed.comparisons)).startswith(b"\x89PNG")
-    # Results that differ in more than shape (another target) are not a sweep: no side by side.
+    # Results that differ in shape and in target are neither sweep: no side by side.
     other = io.StringIO()
-    render(Result(Result.load(paths[1]).measurements
+    render(Result(Result.load(paths[0]).measurements
                   + Result.load(REPORTS / "gemma4-e2b-seq8192-b1-h100-8.json").measurements), Format.MARKDOWN, other)
-    assert "at each shape" not in other.getvalue()
+    assert "peak GiB per device" not in other.getvalue().split("\n\n")[0]
 
 
 @pytest.mark.parametrize("width", [160, 100, 72, 60])
@@ -213,3 +215,110 @@ def test_room_short_of_every_cell_goes_first_to_the_column_it_unfolds_most():
     continued = [line for line in body if line.startswith("│ " + " " * 19 + " │")]
     assert len(body) == len(sw.peaks.index) + len(continued) and len(continued) == 1, "\n".join(body)
     assert all(line.rstrip().endswith("over capacity │") for line in body if line not in continued)
+
+
+GPU = pytest.mark.skipif(importlib.util.find_spec("jax_plugins.xla_cuda12") is None,
+                         reason="the gpu extra (JAX CUDA plugin) is not installed: ./scripts/setup.sh --gpu")
+
+
+def test_several_targets_plan_one_comparison_each_at_one_shape():
+    plans, skipped = resolve_plans(seq=[256], batch=[1], target=["v5e-4", "cpu", "v5e:2x2"], model="tiny-e2b")
+    # v5e-4 and v5e:2x2 are one slice, planned once; cpu has no host memory: no offload there.
+    assert [p.target.label for p in plans] == ["v5e:2x2 (4 devices)", "cpu (1 device)"]
+    assert [s.name for s in plans[0].strategies] == ["unrolled", "checkpoint", "scan-checkpoint", "offload"]
+    assert [s.name for s in plans[1].strategies] == ["unrolled", "checkpoint", "scan-checkpoint"]
+    assert [(p.target.name, names) for p, names in skipped] == [("v5e", []), ("cpu", ["offload"])]
+    assert job_labels(plans)[3:5] == ["offload @ v5e:2x2 (4 devices)", "unrolled @ cpu (1 device)"]
+    with pytest.raises(api.BadInput, match="several targets are compared at one shape; give one --seq"):
+        resolve_plans(seq=[256, 512], batch=[1], target=["v5e", "cpu"], model="tiny-e2b")
+    with pytest.raises(api.BadInput, match="--topology v5e:2x2 with several targets: name each"):
+        resolve_plans(seq=[256], batch=[1], target=["v5e", "cpu"], topology="v5e:2x2", model="tiny-e2b")
+    with pytest.raises(api.BadInput, match="unknown target 'v9'"):
+        api.compare(model="tiny-e2b", seq=256, batch=1, target=["v5e", "v9"])
+    r = memprobe("compare", "--model", "tiny-e2b", "--seq", "256", "--batch", "1", "--target", "v5e,,cpu")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "memprobe: error: Invalid value for '--target': 'v5e,,cpu' has an empty name (one name, or several "
+        "separated by commas: --target v5p,h100)"]
+
+
+@GPU
+def test_several_targets_compare_side_by_side_and_a_baseline_of_them_gates_each(tmp_path):
+    """A TPU and a GPU target in one run: each its own compiler's figures and capacity, the
+    peaks side by side, and a baseline of both gated target by target."""
+    args = ["--model", "tiny-e2b", "--seq", "256", "--batch", "1", "--target", "v5e,h100", "--devices", "1",
+            "--strategies", "unrolled,checkpoint"]
+    out = tmp_path / "targets.json"
+    r = memprobe("compare", *args, "--format", "json", "-o", str(out), "--chart", str(tmp_path / "c.png"))
+    assert r.returncode == 0, r.stderr
+    assert ("measuring 2 strategies on 2 targets (4 compiles) for tiny-e2b: v5e:1x1 (1 device), h100 (1 device)"
+            in r.stderr)
+    assert "checkpoint @ h100 (1 device)" in r.stderr
+    assert sorted(p.name for p in tmp_path.glob("c*.png")) == ["c-1.png", "c-2.png", "c-sweep.png"]
+    result = Result.load(out)
+    tpu, gpu = result.comparisons
+    assert [(g[0].platform, g[0].capacity_bytes, [m.strategy for m in g]) for g in (tpu, gpu)] == [
+        ("tpu", 16_911_433_728, ["unrolled", "checkpoint"]), ("cuda", 84_942_979_072, ["unrolled", "checkpoint"])]
+    assert "libtpu" in tpu[0].versions and "jax-cuda12-plugin" in gpu[0].versions
+    for t, g in zip(tpu, gpu):  # one model: its parameters and optimizer state (padded to the TPU's
+        # tiles, a little larger there), and two compilers' own temporaries
+        assert 0 <= t.argument_bytes - g.argument_bytes < g.argument_bytes / 100 and t.temp_bytes != g.temp_bytes
+
+    md = io.StringIO()
+    render(result, Format.MARKDOWN, md)
+    head = md.getvalue().split("\n\n")
+    assert head[0] == ("## tiny-e2b train step, seq 256 x per-device batch 1: peak GiB per device on each target "
+                       "(compiler estimate)")
+    assert [c.strip() for c in head[1].splitlines()[0].split("|")[1:-1]] == [
+        "strategy", "v5e:1x1, 1 device", "h100, 1 device"]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]] for line in head[1].splitlines()[2:]}
+    assert rows == {t.strategy: [f"{t.peak_bytes / 2**30:.2f}", f"{g.peak_bytes / 2**30:.2f}"]
+                    for t, g in zip(tpu, gpu)}
+    assert "- HBM per device: v5e:1x1, 1 device: 15.75 GiB; h100, 1 device: 79.11 GiB." in head[2]
+    table = io.StringIO()
+    render(result, Format.TABLE, table)
+    assert "h100, 1 device: cheapest that fits: " in table.getvalue()
+
+    base = tmp_path / "baseline.json"
+    r = memprobe("baseline", *args, "--output", str(base))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(base.read_text())
+    row = data["comparisons"][1]["rows"][0]  # unrolled on h100, 10% lower than it compiles
+    assert (data["comparisons"][1]["config"]["target"], row["strategy"]) == ("h100", "unrolled")
+    row["temp_bytes"] -= row["peak_bytes"] // 10
+    row["peak_bytes"] -= row["peak_bytes"] // 10
+    base.write_text(json.dumps(data))
+    r = memprobe("check", "--baseline", str(base))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "3 of 4 within tolerance 2%; failing: unrolled (regressed, tiny-e2b seq 256 x 1 on h100" in r.stdout
+
+
+def test_results_on_several_targets_merged_are_set_side_by_side_each_against_its_own_hbm():
+    """The committed full-size E2B results at 8192 x 1 on tpu7x (8 devices), h100 (8) and h200 (1)."""
+    names = ["tpu7x-8", "h100-8", "h200-1"]
+    result = Result([m for n in names for m in Result.load(REPORTS / f"gemma4-e2b-seq8192-b1-{n}.json").measurements])
+    sw = sweep_of(result.comparisons)
+    assert sw.axis == "target"
+    assert list(sw.peaks.columns) == ["tpu7x:2x2x1, 8 devices", "h100, 8 devices", "h200, 1 device"]  # as given
+    for label, group in zip(sw.peaks.columns, result.comparisons):
+        assert sw.capacities[label] == group[0].capacity_bytes
+        for m in group:
+            assert sw.peaks.loc[m.strategy, label] == m.peak_bytes / 2**30
+    # Over capacity is each target's own: 100 GiB is over an H100's HBM, not over an H200's.
+    def at_100_gib(m):
+        return dataclasses.replace(m, temp_bytes=m.temp_bytes + 100 * 2**30 - m.peak_bytes)
+
+    tpu, h100, h200 = ([at_100_gib(g[0])] for g in result.comparisons)
+    both = sweep_of([tpu, h100, h200])
+    assert both.cell("unrolled", "h100, 8 devices", ".2f") == ("100.00 over capacity", True)
+    assert both.cell("unrolled", "h200, 1 device", ".2f") == ("100.00", False)
+    assert both.cell("unrolled", "tpu7x:2x2x1, 8 devices", ".2f") == ("100.00 over capacity", True)
+    # The chart: each target's capacity as a dash of its own, at its own height.
+    img = matplotlib.image.imread(io.BytesIO(render_sweep_png(sw)))
+    red = np.array([0xC4, 0x4E, 0x52]) / 255
+    reddish = np.abs(img[:, :, :3] - red).max(axis=2) < 0.2
+    top = max(max(sw.capacities.values()), max(m.peak_bytes for g in result.comparisons for m in g)) * SWEEP_HEADROOM
+    axes = AXES["top"] - AXES["bottom"]
+    for cap in sw.capacities.values():
+        y = round(img.shape[0] * (1 - AXES["bottom"] - axes * cap / top))
+        assert reddish[y - 2:y + 3].sum(axis=1).max() > img.shape[1] / 20, cap  # a dash, not a line across
+        assert reddish[y - 2:y + 3].sum(axis=1).max() < img.shape[1] / 2, cap

@@ -21,6 +21,10 @@ Model = Annotated[str, typer.Option("--model", metavar="<name|file>", help="Mode
 Target = Annotated[str, typer.Option("--target", metavar="<name>", help="tpu7x, v6e, v5p, v5e, v4 (deviceless TPU; with its size "
                                      "as v5p:2x2x1 or as a Cloud TPU accelerator type, v5p-8), h100, h200, "
                                      "b200, a100 (deviceless GPU: the gpu extra) or cpu.")]
+Targets = Annotated[str, typer.Option("--target", metavar="<name>[,<name>...]", help="tpu7x, v6e, v5p, v5e, v4 "
+                                      "(deviceless TPU; with its size as v5p:2x2x1 or as a Cloud TPU accelerator "
+                                      "type, v5p-8), h100, h200, b200, a100 (deviceless GPU: the gpu extra) or cpu; "
+                                      "several, comma-separated, compare the strategies on each (at one shape).")]
 Devices = Annotated[int | None, typer.Option("--devices", help="Device count (default: the target's).")]
 Topology = Annotated[str | None, typer.Option("--topology", metavar="<topology>", help="TPU topology, e.g. v5p:2x2x1.")]
 Strategies = Annotated[
@@ -63,8 +67,8 @@ FormatOpt = Annotated[Format, typer.Option("--format", help="table (terminal), m
 Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the result to this file "
                                              "instead of standard output.")]
 Chart = Annotated[Path | None, typer.Option("--chart", help="Also save a PNG chart: per strategy, "
-                                            "the peak's parts stacked, HBM capacity as a line; one per shape of a sweep "
-                                            "(FILE-1.png, ...) and FILE-sweep.png, each strategy's peak across the shapes.")]
+                                            "the peak's parts stacked, HBM capacity as a line; one per shape of a sweep (or target) "
+                                            "(FILE-1.png, ...) and FILE-sweep.png, each strategy's peak across them.")]
 MaxHostMemory = Annotated[str | None, typer.Option(
     "--max-host-memory", metavar="<size>", help="Host memory one compile process may use before it is stopped and "
     "its row marked failed, e.g. 12GiB (default: 90% of this machine's memory).")]

@@ -76,7 +76,7 @@ def write_result(result: Result, fmt: Format, output: Path | None, chart: Path |
             path = chart if len(groups) == 1 else chart.with_name(f"{chart.stem}-{i + 1}{chart.suffix}")
             write_bytes(path, render_png(group))
         sw = sweep(groups)
-        if sw is not None:  # the shapes side by side: each strategy's peak as a line across them
+        if sw is not None:  # the shapes (or targets) side by side: each strategy's peak across them
             from memprobe.render.chart import render_sweep_png
 
             write_bytes(chart.with_name(f"{chart.stem}-sweep{chart.suffix}"), render_sweep_png(sw))

@@ -10,14 +10,14 @@ from typing import Annotated
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from memprobe.api import resolve_plan
+from memprobe.api import resolve_plan, resolve_plans
 from memprobe.cache import ResultCache
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, write_result
 from memprobe.compile import DEFAULT_TIMEOUT_S, check_run, compile_jobs, default_host_cap, default_parallel
 from memprobe.errors import BadInput
 from memprobe.measure import Measurement, host_ram_check, parse_positive_size, with_host_ram
-from memprobe.plan import DEFAULT_MODEL, CompileJob, ParamDtype, Plan, Step, job_labels, sweep
+from memprobe.plan import DEFAULT_MODEL, CompileJob, ParamDtype, Plan, Step, job_labels
 from memprobe.render import Format
 from memprobe.result import Result
 from memprobe.targets import DEFAULT_TARGET
@@ -27,7 +27,7 @@ def compare(
     seq: o.Seqs = "24576",
     batch: o.Batches = "8",
     model: o.Model = DEFAULT_MODEL,
-    target: o.Target = DEFAULT_TARGET,
+    target: o.Targets = DEFAULT_TARGET,
     devices: o.Devices = None,
     topology: o.Topology = None,
     strategies: o.Strategies = None,
@@ -54,16 +54,19 @@ def compare(
     Exit code 1 when any strategy failed to compile (the table still shows the others); a
     program the TPU compiler refused over HBM is an answer (over capacity), not a failure.
     Several lengths or batches (--seq 4096,8192) make a sweep: a table per shape, and one of
-    the peaks at every shape.
+    the peaks at every shape. Several targets (--target v5p,h100) do the same at one shape:
+    a table per target, and the peaks on every target.
     """
     plans, skipped = plans_from_options(seq, batch, model, target, devices, topology, strategies,
                                         strategy_file, strategies_dir, loss_chunks, step, optimizer,
                                         param_dtype, grad_accum)
     cap = check_run_options(timeout, jobs, max_host_memory)
-    ram = host_ram_check(plans[0].target, host_ram, devices_per_host)
+    # Each target with host memory checked (a cpu column has none to judge; only cpu is refused).
+    hosted = [p.target for p in plans if p.target.has_host_memory] or [plans[0].target]
+    ram = [host_ram_check(t, host_ram, devices_per_host) for t in dict.fromkeys(hosted)][0]
     check_writable(output)
     check_writable(chart, "--chart")
-    say_skipped(plans[0], skipped)
+    say_skipped(skipped)
     measurements = run_plans(plans, timeout, jobs, no_cache, cap)
     if ram is not None:
         measurements = with_host_ram(measurements, ram[0], devices_per_host)
@@ -76,7 +79,7 @@ def baseline(
     seq: o.Seqs = "24576",
     batch: o.Batches = "8",
     model: o.Model = DEFAULT_MODEL,
-    target: o.Target = DEFAULT_TARGET,
+    target: o.Targets = DEFAULT_TARGET,
     devices: o.Devices = None,
     topology: o.Topology = None,
     strategies: o.Strategies = None,
@@ -95,14 +98,15 @@ def baseline(
     """Compile like `compare` and write the result as a baseline for `memprobe check`.
 
     Nothing is written when a strategy fails to compile (exit code 1): a baseline must be whole.
-    Several lengths or batches (--seq 4096,8192) gate every shape.
+    Several lengths or batches (--seq 4096,8192) gate every shape; several targets
+    (--target v5p,h100), every target.
     """
     plans, skipped = plans_from_options(seq, batch, model, target, devices, topology, strategies,
                                         strategy_file, strategies_dir, loss_chunks, step, optimizer,
                                         param_dtype, grad_accum)
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
-    say_skipped(plans[0], skipped)
+    say_skipped(skipped)
     measurements = run_plans(plans, timeout, jobs, no_cache, cap)
     result = Result(measurements, command=command_line())
     if not all(m.ok for m in measurements):
@@ -118,14 +122,25 @@ def baseline(
 
 def plans_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
                        strategies_dir, loss_chunks, step, optimizer, param_dtype,
-                       grad_accum) -> tuple[list[Plan], list[str]]:
-    """The checked plans of the CLI's options, one per shape of a sweep (--seq 4096,8192), and
-    the default offload strategies they leave out."""
-    seqs, batches = int_list(seq, "--seq"), int_list(batch, "--batch")
-    plan, skipped = plan_from_options(seqs[0], batches[0], model, target, devices, topology, strategies,
-                                      strategy_file, strategies_dir, loss_chunks, step, optimizer, param_dtype,
-                                      grad_accum)
-    return sweep(plan, seqs, batches, loss_chunks), skipped
+                       grad_accum) -> tuple[list[Plan], list[tuple[Plan, list[str]]]]:
+    """The checked plans of the CLI's options, one per shape of a sweep (--seq 4096,8192) or
+    per target (--target v5p,h100), and each target's plan with the default offload
+    strategies it leaves out."""
+    return resolve_plans(seq=int_list(seq, "--seq"), batch=int_list(batch, "--batch"),
+                         target=name_list(target, "--target"), devices=devices, topology=topology,
+                         loss_chunks=loss_chunks, model=model, strategies=strategy_names(strategies),
+                         strategy_files=strategy_file or (), strategies_dirs=strategies_dir or (), step=step,
+                         optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)
+
+
+def name_list(text: str, option: str) -> list[str]:
+    """A comma-separated list of names (several targets), each said once."""
+    names = [p.strip() for p in str(text).split(",")]
+    if "" in names:
+        raise BadInput(f"Invalid value for '{option}': {text!r} has an empty name (one name, or several "
+                       f"separated by commas: {option} v5p,h100)")
+    say_repeated(names, option)
+    return list(dict.fromkeys(names))
 
 
 def plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
@@ -153,12 +168,13 @@ def int_list(text: str, option: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
-def say_skipped(plan: Plan, skipped: list[str]) -> None:
-    """The offload strategies left out, said once every option is checked and the compiles
-    are about to start, never before an error."""
-    if skipped:
-        messages().print(f"memprobe: skipping {', '.join(skipped)}: {plan.target.name} has no "
-                         "host memory space to offload to")
+def say_skipped(skipped: list[tuple[Plan, list[str]]]) -> None:
+    """The offload strategies each target's plan leaves out, said once every option is checked
+    and the compiles are about to start, never before an error."""
+    for plan, names in skipped:
+        if names:
+            messages().print(f"memprobe: skipping {', '.join(names)}: {plan.target.name} has no "
+                             "host memory space to offload to")
 
 
 def check_run_options(timeout: float, jobs: int | None, max_host_memory: str | None) -> int | None:
@@ -177,7 +193,12 @@ def run_plans(plans: list[Plan], timeout: float, jobs: int | None, no_cache: boo
     first = plans[0]
     n = len(first.strategies)
     what = f"{n} strateg{'y' if n == 1 else 'ies'}"
-    if any(dataclasses.replace(p, shapes=first.shapes) != first for p in plans):  # a baseline's mix
+    # Several targets: one plan each, its strategies less the offload ones a target without host memory skips.
+    if len(plans) > 1 and all(dataclasses.replace(p, target=first.target, strategies=first.strategies) == first
+                              for p in plans):
+        what += (f" on {len(plans)} targets ({len(jobs_)} compiles) for {first.model.name}: "
+                 + ", ".join(p.target.label for p in plans))
+    elif any(dataclasses.replace(p, shapes=first.shapes) != first for p in plans):  # a baseline's mix
         what = f"{len(jobs_)} compiles of {len(plans)} configurations"
     else:
         if len(plans) > 1:

@@ -87,7 +87,7 @@ def fit(
     def runner(wanted, labels, what):
         nonlocal first
         if first:  # fit_plan checks --budget and --host-ram before its first round
-            say_skipped(plan, skipped)
+            say_skipped([(plan, skipped)])
             first = False
         return run_jobs(wanted, what, timeout, jobs, no_cache, cap, labels=labels)
 

@@ -110,25 +110,37 @@ SWEEP_HEADROOM = 1.15
 
 def render_sweep_png(sw: Sweep) -> bytes:
     """A sweep as PNG bytes: a line per strategy through its peaks at each shape (broken
-    where it was not compiled or failed, a lone point marked), shapes in the order of the sweep table, the HBM capacity
-    as a dashed line: where each strategy's line crosses it is where it stops fitting."""
+    where it was not compiled or failed, a lone point marked), shapes in the order of the sweep
+    table, the HBM capacity as a dashed line: where each strategy's line crosses it is where it
+    stops fitting. Across targets, points without lines (targets are no scale to draw a line
+    along), and each target's capacity as a dash of its own."""
     labels = list(sw.peaks.columns)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(labels) + 4.0), 5.0), dpi=100)
     fig.subplots_adjust(**{**AXES, "right": 0.72})  # the legend to the right of the lines
     colours = plt.get_cmap("tab20").colors  # eleven built-in strategies: more than ten colours
     markers = "osD^v<>ph*X"
+    across = sw.axis == "target"
+    n = len(sw.peaks.index)
     for k, (strategy, peaks) in enumerate(sw.peaks.iterrows()):
+        # Across targets each strategy's points sit side by side within the target's dash.
+        shift = 0.5 * (k + 0.5) / n - 0.25 if across else 0.0
         # NaN (not compiled at that shape, or failed) breaks the line rather than bridging it.
-        ax.plot(range(len(labels)), list(peaks), marker=markers[k % len(markers)], markersize=4,
-                linewidth=1.4, color=colours[(2 * k) % 20 + (k // 10) % 2], label=str(strategy))
-    cap = sw.capacity_bytes / GIB if sw.capacity_bytes else None
+        ax.plot([x + shift for x in range(len(labels))], list(peaks), marker=markers[k % len(markers)], markersize=6 if across else 4,
+                linewidth=0 if across else 1.4, color=colours[(2 * k) % 20 + (k // 10) % 2], label=str(strategy))
+    caps = [c / GIB if c else None for c in sw.capacities.values()]
     peaks = sw.peaks.stack().dropna()  # every compile failed: no peak, and no NaN for the axis
-    top = max(float(peaks.max()) if len(peaks) else 0.0, cap or 0.0)
-    if cap:
-        ax.axhline(cap, color="#c44e52", linestyle="--", linewidth=1.2, label=f"HBM per device {cap:.2f} GiB")
+    top = max(float(peaks.max()) if len(peaks) else 0.0, *(c or 0.0 for c in caps))
+    if across:
+        label = "HBM per device"  # in the legend once
+        for x, cap in enumerate(caps):
+            if cap:
+                ax.hlines(cap, x - 0.3, x + 0.3, color="#c44e52", linestyle="--", linewidth=1.2, label=label)
+                label = None
+    elif caps[0]:
+        ax.axhline(caps[0], color="#c44e52", linestyle="--", linewidth=1.2, label=f"HBM per device {caps[0]:.2f} GiB")
     ax.set_ylim(0, top * SWEEP_HEADROOM or 1.0)
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
-    ax.set_xlim(-0.3, len(labels) - 0.7)
+    ax.set_xlim(-0.5 if across else -0.3, len(labels) - (0.5 if across else 0.7))
     ax.set_ylabel("peak GiB per device (compiler estimate)")
     text, size = fitted_title(sw.title, 0.92 * fig.get_size_inches()[0], 9)
     fig.suptitle(text, fontsize=size)  # over the whole figure: the axes leave room for the legend

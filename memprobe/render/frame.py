@@ -15,7 +15,7 @@ from memprobe.flags import OVER_CAPACITY, OVER_HOST_RAM, VERDICT_FLAGS, sanity_f
 from memprobe.measure import GIB, Measurement, flops_ratio
 from memprobe.model_file import describe, model_from_mapping
 from memprobe.plan import recipe, shape_label
-from memprobe.result import setting_of
+from memprobe.result import TARGET_FIELDS, setting_of
 
 COLUMNS = [
     "rank", "strategy", "peak_gib", "pct_of_hbm", "delta_gib", "temp_gib", "argument_gib",
@@ -283,17 +283,21 @@ def comparison_frame(measurements: list[Measurement]) -> pd.DataFrame:
 
 @dataclasses.dataclass(frozen=True)
 class Sweep:
-    """One set of strategies at several shapes (``--seq 4096,8192``), side by side: ``peaks``
-    has a row per strategy (first-seen order) and a column per shape, the peak in GiB (NaN
-    where that compile failed or was not made); ``verdicts`` the same cells' verdicts: fits,
-    what the peak is over, "failed", "" (no capacity known to judge by) or None (not compiled
-    at that shape); ``answers`` each shape's answer as its table states it."""
+    """One set of strategies side by side at several shapes (``--seq 4096,8192``) or on
+    several targets (``--target v5p,h100``; ``axis`` says which): ``peaks`` has a row per
+    strategy (first-seen order) and a column per shape or target, the peak in GiB (NaN where
+    that compile failed or was not made); ``verdicts`` the same cells' verdicts: fits, what
+    the peak is over, "failed", "" (no capacity known to judge by) or None (not compiled
+    there); ``answers`` each column's answer as its table states it; ``capacities`` each
+    column's HBM per device in bytes (None where unknown: the CPU backend)."""
 
     title: str
     peaks: pd.DataFrame
     verdicts: pd.DataFrame
     answers: dict[str, Answer | None]
-    capacity_bytes: int | None = None  # the device's HBM, one target throughout
+    capacities: dict[str, int | None]
+    axis: str = "shape"  # or "target"
+    cpu: bool = False  # a column is the CPU backend's, whose figures stand for no accelerator
 
     def cell(self, strategy: str, label: str, spec: str) -> tuple[str, bool]:
         """A cell as text ("12.34", "412.30 over capacity", "failed", "-" where not compiled) and
@@ -306,29 +310,48 @@ class Sweep:
         return fmt(value, spec), False
 
     def notes(self) -> list[str]:
-        """Each shape's answer in a line ("seq 8192: cheapest that fits: checkpoint"), and
-        what a "-" cell means where there is one."""
+        """Each column's answer in a line ("seq 8192: cheapest that fits: checkpoint"); across
+        targets, each one's HBM; what a "-" cell means where there is one."""
         lines = [f"{label}: {a.label[0].lower()}{a.label[1:]}: {a.strategy}" if a else f"{label}: nothing compiled"
                  for label, a in self.answers.items()]
+        if self.axis == "target":
+            lines.append("HBM per device: " + "; ".join(
+                f"{label}: {cap / GIB:.2f} GiB" if cap else f"{label}: none known"
+                for label, cap in self.capacities.items())
+                + ". Each column is its own compiler's estimate (libtpu for TPU, XLA's GPU compiler for GPU)"
+                + ("; the CPU backend's figures stand for no accelerator." if self.cpu else "."))
         if self.verdicts.isna().to_numpy().any():
-            lines.append("-: that strategy was not compiled at that shape.")
+            there = "on that target" if self.axis == "target" else "at that shape"
+            lines.append(f"-: that strategy was not compiled {there}.")
         return lines
 
 
 def sweep(groups: list[list[Measurement]]) -> Sweep | None:
     """The comparisons side by side when there are several and they differ only in their
-    shapes (a sweep, or results of several lengths merged), shortest and smallest first; None
-    otherwise."""
+    shapes (a sweep, or results of several lengths merged; shortest and smallest first), or
+    only in their targets (in the order given); None otherwise."""
     if len(groups) < 2:
         return None
-    rest = [setting_of(g[0]) for g in groups]
-    if any(r != rest[0] for r in rest[1:]):
-        return None
-    groups = sorted(groups, key=lambda g: (g[0].seq_len, g[0].batch_per_device))  # shorter, smaller first
-    seqs = len({g[0].seq_len for g in groups})
-    batches = len({g[0].batch_per_device for g in groups})
-    labels = [shape_label(g[0].seq_len, g[0].batch_per_device, seqs, batches) for g in groups]
-    if len(set(labels)) < len(labels):  # one shape twice, at two loss chunkings: not a sweep
+    firsts = [g[0] for g in groups]
+    if all(setting_of(m) == setting_of(firsts[0]) for m in firsts):
+        groups = sorted(groups, key=lambda g: (g[0].seq_len, g[0].batch_per_device))  # shorter, smaller first
+        seqs = len({g[0].seq_len for g in groups})
+        batches = len({g[0].batch_per_device for g in groups})
+        labels = [shape_label(g[0].seq_len, g[0].batch_per_device, seqs, batches) for g in groups]
+        if len(set(labels)) < len(labels):  # one shape twice, at two loss chunkings: not a sweep
+            return None
+        m = groups[0][0]
+        what = f"{m.model} {step_name(m)}"  # and the one length or batch all shapes share
+        what += f" (per-device batch {m.batch_per_device}{per_microbatch(m)})" if batches == 1 else ""
+        what += f" (seq {m.seq_len})" if seqs == 1 else ""
+        heading, axis = f"{what} on {where(m)}: peak GiB per device at each shape (compiler estimate)", "shape"
+    elif all(setting_of(m, TARGET_FIELDS) == setting_of(firsts[0], TARGET_FIELDS) for m in firsts):
+        labels = [where(m) for m in firsts]  # distinct: each group is another configuration
+        m = firsts[0]
+        heading = (f"{m.model} {step_name(m)}, seq {m.seq_len} x per-device batch {m.batch_per_device}"
+                   f"{per_microbatch(m)}: peak GiB per device on each target (compiler estimate)")
+        axis = "target"
+    else:
         return None
     strategies = list(dict.fromkeys(m.strategy for g in groups for m in g))
     peaks = pd.DataFrame(math.nan, index=strategies, columns=labels)
@@ -338,9 +361,6 @@ def sweep(groups: list[list[Measurement]]) -> Sweep | None:
             if m.answered:
                 peaks.loc[m.strategy, label] = m.peak_bytes / GIB
             verdicts.loc[m.strategy, label] = (verdict(m) or "") if m.answered else "failed"
-    m = groups[0][0]
-    what = f"{m.model} {step_name(m)}"  # and the one length or batch all shapes share
-    what += f" (per-device batch {m.batch_per_device}{per_microbatch(m)})" if batches == 1 else ""
-    what += f" (seq {m.seq_len})" if seqs == 1 else ""
-    return Sweep(f"{what} on {where(m)}: peak GiB per device at each shape (compiler estimate)", peaks, verdicts,
-                 {label: answer(g) for label, g in zip(labels, groups)}, m.capacity_bytes)
+    return Sweep(heading, peaks, verdicts, {label: answer(g) for label, g in zip(labels, groups)},
+                 {label: g[0].capacity_bytes for label, g in zip(labels, groups)}, axis,
+                 any(not g[0].stands_for_accelerator for g in groups))

@@ -28,7 +28,7 @@ def render(result: Result, file: IO[str]) -> None:
         file.write(f"<h2>{html.escape(sw.title)}</h2>\n" + _sweep_table(sw)
                    + "<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in sw.notes()) + "</ul>\n")
         png = base64.b64encode(chart.render_sweep_png(sw)).decode()
-        file.write(f"<p><img alt='peak per strategy at each shape' src='data:image/png;base64,{png}'></p>\n")
+        file.write(f"<p><img alt='peak per strategy at each {sw.axis}' src='data:image/png;base64,{png}'></p>\n")
     for group in groups:
         file.write(f"<h2>{html.escape(title(group[0]))}</h2>\n")
         file.write(markdown.markdown_frame(group).to_html(index=False, escape=True, border=0))

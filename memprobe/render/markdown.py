@@ -45,8 +45,8 @@ def _verdict(value, error) -> str:
 
 
 def sweep_frame(sw: Sweep) -> pd.DataFrame:
-    """A sweep's peaks as display strings: a row per strategy, a column per shape; a cell over
-    capacity in bold, saying what it is over."""
+    """A sweep's peaks as display strings: a row per strategy, a column per shape (or target);
+    a cell over capacity in bold, saying what it is over."""
     out = pd.DataFrame({"strategy": sw.peaks.index})
     for label in sw.peaks.columns:
         cells = [sw.cell(strategy, label, ".2f") for strategy in sw.peaks.index]

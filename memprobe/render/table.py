@@ -79,10 +79,11 @@ def render(measurements: list[Measurement], file: IO[str], *, width: int | None 
 
 
 def render_sweep(sw: Sweep, places: int, file: IO[str], *, width: int | None = None) -> None:
-    """The peaks of a sweep side by side, a row per strategy and a column per shape; a cell
-    over capacity is red and says what it is over. On a terminal too narrow for every shape,
-    the largest shapes are left out, last first, and the caption names them: a peak is never
-    cut or folded (each shape also has its own table above, and markdown has them all)."""
+    """The peaks of a sweep side by side, a row per strategy and a column per shape (or
+    target); a cell over capacity is red and says what it is over. On a terminal too narrow
+    for every column, the last ones are left out, last first, and the caption names them: a
+    peak is never cut or folded (each column also has its own table above, and markdown has
+    them all)."""
     width = width or terminal_width(file)
     gib = f".{places}f"
     labels = list(sw.peaks.columns)
