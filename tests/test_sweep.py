@@ -33,6 +33,17 @@ def _plan(seq=256, batch=1):
                      target=resolve_target("cpu", 1), seq_len=seq, batch_per_device=batch)
 
 
+def check_with_a_row_lowered(base: Path, comparison: int, row: int):
+    """`memprobe check` of the baseline ``base`` with one row set 10% below what it compiles
+    to (a regression to catch): that comparison's config, the row, and check's outcome."""
+    data = json.loads(base.read_text())
+    lowered = data["comparisons"][comparison]["rows"][row]
+    lowered["temp_bytes"] -= lowered["peak_bytes"] // 10
+    lowered["peak_bytes"] -= lowered["peak_bytes"] // 10
+    base.write_text(json.dumps(data))
+    return data["comparisons"][comparison]["config"], lowered, memprobe("check", "--baseline", str(base))
+
+
 def test_a_sweep_plans_every_pair_once_lengths_outer_and_names_each_compile():
     plans = sweep(_plan(), [256, 512, 256], [1, 2])
     assert [(p.shapes.seq_len, p.shapes.batch_per_device) for p in plans] == [(256, 1), (256, 2), (512, 1), (512, 2)]
@@ -94,13 +105,8 @@ def test_a_sweep_compares_each_shape_and_a_baseline_of_it_gates_each(tmp_path):
     assert r.returncode == 0, r.stderr
     r = memprobe("check", "--baseline", str(base))
     assert r.returncode == 0 and "4 of 4 within tolerance 2%" in r.stdout, r.stdout + r.stderr
-    data = json.loads(base.read_text())
-    row = data["comparisons"][1]["rows"][1]  # checkpoint at 512, 10% lower than it compiles
-    assert (data["comparisons"][1]["config"]["seq_len"], row["strategy"]) == (512, "checkpoint")
-    row["temp_bytes"] -= row["peak_bytes"] // 10
-    row["peak_bytes"] -= row["peak_bytes"] // 10
-    base.write_text(json.dumps(data))
-    r = memprobe("check", "--baseline", str(base))
+    config, row, r = check_with_a_row_lowered(base, 1, 1)  # checkpoint at 512
+    assert (config["seq_len"], row["strategy"]) == (512, "checkpoint")
     assert r.returncode == 1, r.stdout + r.stderr
     assert ("3 of 4 within tolerance 2%; failing: checkpoint (regressed, tiny-e2b seq 512 x 1 on cpu)"
             in r.stdout)
@@ -281,13 +287,8 @@ def test_several_targets_compare_side_by_side_and_a_baseline_of_them_gates_each(
     base = tmp_path / "baseline.json"
     r = memprobe("baseline", *args, "--output", str(base))
     assert r.returncode == 0, r.stderr
-    data = json.loads(base.read_text())
-    row = data["comparisons"][1]["rows"][0]  # unrolled on h100, 10% lower than it compiles
-    assert (data["comparisons"][1]["config"]["target"], row["strategy"]) == ("h100", "unrolled")
-    row["temp_bytes"] -= row["peak_bytes"] // 10
-    row["peak_bytes"] -= row["peak_bytes"] // 10
-    base.write_text(json.dumps(data))
-    r = memprobe("check", "--baseline", str(base))
+    config, row, r = check_with_a_row_lowered(base, 1, 0)  # unrolled on h100
+    assert (config["target"], row["strategy"]) == ("h100", "unrolled")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "3 of 4 within tolerance 2%; failing: unrolled (regressed, tiny-e2b seq 256 x 1 on h100" in r.stdout
 
