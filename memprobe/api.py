@@ -80,29 +80,22 @@ def resolve_plans(*, seq: Sequence[int], batch: Sequence[int], target: Sequence[
                   topology: str | None = None, loss_chunks: int | None = None,
                   **options) -> tuple[list[Plan], list[tuple[Plan, list[str]]]]:
     """The checked plans of a comparison: one per shape of a sweep (every length of ``seq``
-    with every batch of ``batch``, lengths outer), or one per target of ``target`` (its
-    names, each with ``devices`` when given) at one shape; several targets at several
-    shapes are refused, as is one ``topology`` for several targets (a TPU target names its
-    own, v5p:2x2x1). Also each target's plan with the offload strategies it leaves out (see
-    ``resolve_plan``). A target named twice (v5p-8 and v5p:2x2x1 are one) is planned once."""
+    with every batch of ``batch``, lengths outer) on each target of ``target`` (its names,
+    each with ``devices`` when given; targets outer, in the order given). One ``topology``
+    for several targets is refused (a TPU target names its own, v5p:2x2x1). Also each
+    target's plan with the offload strategies it leaves out (see ``resolve_plan``). A target
+    named twice (v5p-8 and v5p:2x2x1 are one) is planned once."""
     if not target:
         raise BadInput("--target: give at least one target")
-    if len(target) > 1:
-        if len(seq) > 1 or len(batch) > 1:
-            raise BadInput(f"--target {','.join(target)}: several targets are compared at one shape; give one "
-                           "--seq and one --batch (or compare the shapes on one target at a time)")
-        if topology is not None:
-            raise BadInput(f"--topology {topology} with several targets: name each TPU target's topology "
-                           "in --target instead (--target v5p:2x2x1,h100)")
+    if len(target) > 1 and topology is not None:
+        raise BadInput(f"--topology {topology} with several targets: name each TPU target's topology "
+                       "in --target instead (--target v5p:2x2x1,h100)")
     plans: dict[Plan, list[str]] = {}
     for name in target:
         plan, skipped = resolve_plan(seq=seq[0], batch=batch[0], target=name, devices=devices, topology=topology,
                                      loss_chunks=loss_chunks, **options)
         plans.setdefault(plan, skipped)
-    if len(plans) > 1:
-        return list(plans), list(plans.items())
-    plan, skipped = next(iter(plans.items()))
-    return sweep(plan, seq, batch, loss_chunks), [(plan, skipped)]
+    return [p for plan in plans for p in sweep(plan, seq, batch, loss_chunks)], list(plans.items())
 
 
 def run(plan: Plan | Sequence[Plan], *, jobs: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -154,8 +147,8 @@ def compare(*, seq: int | Sequence[int] = 24576, batch: int | Sequence[int] = 8,
 
     ``seq`` and ``batch`` may each be a list: a sweep, every strategy at every pair (lengths
     outer), one comparison per pair in the result; progress then names the shapes
-    ("checkpoint @ seq 8192"). ``target`` may be a list instead: every strategy on each
-    target (at one shape), one comparison per target ("checkpoint @ h100 (8 devices)")."""
+    ("checkpoint @ seq 8192"). ``target`` may be a list too: every strategy on each target
+    (at each shape), one comparison per target and shape ("checkpoint @ h100 (8 devices)")."""
     plans, _ = resolve_plans(seq=listed(seq, "seq"), batch=listed(batch, "batch"),
                              target=[target] if isinstance(target, str) else list(target), devices=devices,
                              topology=topology, loss_chunks=loss_chunks, model=model, strategies=strategies,

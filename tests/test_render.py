@@ -300,7 +300,7 @@ def test_a_program_the_tpu_compiler_refused_is_a_row_over_capacity_in_every_form
     import dataclasses
 
     from memprobe.gate import Tolerance, judge
-    from memprobe.render.frame import comparison_frame, sweep
+    from memprobe.render.frame import comparison_frame, sweeps
 
     [group] = Result.load(REPORTS / "gemma4-e2b-seq24576-b8-tpu7x-8.json").comparisons
     unrolled = group[0]
@@ -342,7 +342,7 @@ def test_a_program_the_tpu_compiler_refused_is_a_row_over_capacity_in_every_form
     assert _bars(render_png(tiny), REFUSED[1]) == 0
     # In a sweep the cell gives the total and says it was refused.
     other = [dataclasses.replace(m, seq_len=20480) for m in group]
-    sw = sweep([rows, other])
+    [sw] = sweeps([rows, other])
     label = next(c for c in sw.peaks.columns if "24576" in c)
     assert sw.cell("unrolled", label, ".2f") == (f"{needed / 2**30:.2f} over capacity (refused)", True)
     # The gate fails a configuration the compiler now refuses, and says why rather than "failed".

@@ -17,7 +17,7 @@ from memprobe.api import resolve_plans
 from memprobe.plan import job_labels, make_plan, sweep
 from memprobe.render import Format, render
 from memprobe.render.chart import AXES, SWEEP_HEADROOM, render_sweep_png
-from memprobe.render.frame import sweep as sweep_of
+from memprobe.render.frame import sweeps
 from memprobe.result import Result
 from memprobe.strategy import load_catalogue, select
 from memprobe.targets import resolve_target
@@ -139,7 +139,7 @@ def test_results_of_several_shapes_merged_are_set_side_by_side_and_over_capacity
     assert "-: that strategy was not compiled at that shape." in text
     assert "20480 x 8" in text[text.index("at each shape"):]
     # The sweep chart: the HBM capacity's dashed line where the axis puts 94.74 GiB.
-    sw = sweep_of(result.comparisons)
+    [sw] = sweeps(result.comparisons)
     img = matplotlib.image.imread(io.BytesIO(render_sweep_png(sw)))
     red = np.array([0xC4, 0x4E, 0x52]) / 255
     reddish = (np.abs(img[:, :, :3] - red).max(axis=2) < 0.2).sum(axis=1)  # antialiased: two rows
@@ -156,7 +156,7 @@ def test_results_of_several_shapes_merged_are_set_side_by_side_and_over_capacity
     text = io.StringIO()
     render(failed, Format.TABLE, text)
     assert "8192 x 1: nothing compiled" in text.getvalue() and "│   failed │" in text.getvalue()
-    assert render_sweep_png(sweep_of(failed.comparisons)).startswith(b"\x89PNG")
+    assert render_sweep_png(sweeps(failed.comparisons)[0]).startswith(b"\x89PNG")
     # Results that differ in shape and in target are neither sweep: no side by side.
     other = io.StringIO()
     render(Result(Result.load(paths[0]).measurements
@@ -174,7 +174,7 @@ def test_a_narrow_terminal_leaves_out_whole_shapes_never_digits(width):
 
     names = ["seq8192-b1", "seq20480-b8", "seq24576-b7", "seq24576-b8"]
     result = Result([m for n in names for m in Result.load(REPORTS / f"gemma4-e2b-{n}-tpu7x-8.json").measurements])
-    sw = sweep_of(result.comparisons)
+    [sw] = sweeps(result.comparisons)
     labels = list(sw.peaks.columns)
     assert labels == ["8192 x 1", "20480 x 8", "24576 x 7", "24576 x 8"]
     out = io.StringIO()
@@ -211,7 +211,7 @@ def test_room_short_of_every_cell_goes_first_to_the_column_it_unfolds_most():
 
     names = ["seq8192-b1", "seq20480-b8", "seq24576-b7", "seq24576-b8"]
     result = Result([m for n in names for m in Result.load(REPORTS / f"gemma4-e2b-{n}-tpu7x-8.json").measurements])
-    sw = sweep_of(result.comparisons)
+    [sw] = sweeps(result.comparisons)
     out = io.StringIO()
     table.render_sweep(sw, 2, out, width=100)
     lines = out.getvalue().splitlines()
@@ -227,7 +227,7 @@ GPU = pytest.mark.skipif(importlib.util.find_spec("jax_plugins.xla_cuda12") is N
                          reason="the gpu extra (JAX CUDA plugin) is not installed: ./scripts/setup.sh --gpu")
 
 
-def test_several_targets_plan_one_comparison_each_at_one_shape():
+def test_several_targets_plan_one_comparison_each_at_each_shape():
     plans, skipped = resolve_plans(seq=[256], batch=[1], target=["v5e-4", "cpu", "v5e:2x2"], model="tiny-e2b")
     # v5e-4 and v5e:2x2 are one slice, planned once; cpu has no host memory: no offload there.
     assert [p.target.label for p in plans] == ["v5e:2x2 (4 devices)", "cpu (1 device)"]
@@ -235,8 +235,11 @@ def test_several_targets_plan_one_comparison_each_at_one_shape():
     assert [s.name for s in plans[1].strategies] == ["unrolled", "checkpoint", "scan-checkpoint"]
     assert [(p.target.name, names) for p, names in skipped] == [("v5e", []), ("cpu", ["offload"])]
     assert job_labels(plans)[3:5] == ["offload @ v5e:2x2 (4 devices)", "unrolled @ cpu (1 device)"]
-    with pytest.raises(api.BadInput, match="several targets are compared at one shape; give one --seq"):
-        resolve_plans(seq=[256, 512], batch=[1], target=["v5e", "cpu"], model="tiny-e2b")
+    # Several targets at several shapes: each target's sweep, targets outer.
+    plans, _ = resolve_plans(seq=[256, 512], batch=[1], target=["v5e-4", "cpu"], model="tiny-e2b")
+    assert [(p.target.name, p.shapes.seq_len) for p in plans] == [("v5e", 256), ("v5e", 512), ("cpu", 256),
+                                                                  ("cpu", 512)]
+    assert job_labels(plans)[7] == "offload @ v5e:2x2 (4 devices) @ seq 512"
     with pytest.raises(api.BadInput, match="--topology v5e:2x2 with several targets: name each"):
         resolve_plans(seq=[256], batch=[1], target=["v5e", "cpu"], topology="v5e:2x2", model="tiny-e2b")
     with pytest.raises(api.BadInput, match="unknown target 'v9'"):
@@ -293,11 +296,53 @@ def test_several_targets_compare_side_by_side_and_a_baseline_of_them_gates_each(
     assert "3 of 4 within tolerance 2%; failing: unrolled (regressed, tiny-e2b seq 256 x 1 on h100" in r.stdout
 
 
+def test_a_sweep_on_several_targets_sets_each_targets_shapes_side_by_side(tmp_path):
+    """Two lengths on v5e and on the CPU backend: a comparison per target and shape, then each
+    target's sweep, judged against its own capacity, a chart each; a baseline gates every row.
+    (The CPU compiles at these shapes are the sweep test's: answered from this run's cache.)"""
+    args = ["--model", "tiny-e2b", "--seq", "256,512", "--batch", "1", "--target", "v5e,cpu", "--devices", "1",
+            "--strategies", "unrolled,checkpoint"]
+    out = tmp_path / "both.json"
+    r = memprobe("compare", *args, "--format", "json", "-o", str(out), "--chart", str(tmp_path / "c.png"))
+    assert r.returncode == 0, r.stderr
+    assert ("measuring 2 strategies on 2 targets at 2 shapes (8 compiles) for tiny-e2b: v5e:1x1 (1 device), "
+            "cpu (1 device)") in r.stderr
+    assert "checkpoint @ v5e:1x1 (1 device) @ seq 512" in r.stderr
+    assert sorted(p.name for p in tmp_path.glob("c*.png")) == [
+        *(f"c-{i}.png" for i in range(1, 5)), "c-sweep-1.png", "c-sweep-2.png"]
+    result = Result.load(out)
+    groups = result.comparisons
+    assert [(g[0].platform, g[0].seq_len) for g in groups] == [("tpu", 256), ("tpu", 512), ("cpu", 256), ("cpu", 512)]
+    tpu, cpu = sweeps(groups)
+    assert (tpu.axis, cpu.axis) == ("shape", "shape")
+    assert tpu.title == ("tiny-e2b train step (per-device batch 1) on v5e:1x1, 1 device: peak GiB per device at "
+                         "each shape (compiler estimate)")
+    for sw, mine in ((tpu, groups[:2]), (cpu, groups[2:])):
+        assert list(sw.peaks.columns) == ["seq 256", "seq 512"]
+        assert list(sw.capacities.values()) == [mine[0][0].capacity_bytes] * 2
+        for label, group in zip(sw.peaks.columns, mine):
+            for m in group:
+                assert sw.peaks.loc[m.strategy, label] == m.peak_bytes / 2**30
+    assert tpu.capacities["seq 256"] == 16_911_433_728 and cpu.capacities["seq 256"] is None
+    md = io.StringIO()
+    render(result, Format.MARKDOWN, md)
+    headings = [line for line in md.getvalue().splitlines() if line.startswith("## ")]
+    assert headings[:2] == [f"## {tpu.title}", f"## {cpu.title}"] and len(headings) == 6  # the sweeps, then each
+
+    base = tmp_path / "baseline.json"
+    r = memprobe("baseline", *args, "--output", str(base))
+    assert r.returncode == 0, r.stderr
+    config, row, r = check_with_a_row_lowered(base, 3, 0)  # unrolled on cpu at seq 512
+    assert (config["target"], config["seq_len"], row["strategy"]) == ("cpu", 512, "unrolled")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "7 of 8 within tolerance 2%; failing: unrolled (regressed, tiny-e2b seq 512 x 1 on cpu" in r.stdout
+
+
 def test_results_on_several_targets_merged_are_set_side_by_side_each_against_its_own_hbm():
     """The committed full-size E2B results at 8192 x 1 on tpu7x (8 devices), h100 (8) and h200 (1)."""
     names = ["tpu7x-8", "h100-8", "h200-1"]
     result = Result([m for n in names for m in Result.load(REPORTS / f"gemma4-e2b-seq8192-b1-{n}.json").measurements])
-    sw = sweep_of(result.comparisons)
+    [sw] = sweeps(result.comparisons)
     assert sw.axis == "target"
     assert list(sw.peaks.columns) == ["tpu7x:2x2x1, 8 devices", "h100, 8 devices", "h200, 1 device"]  # as given
     for label, group in zip(sw.peaks.columns, result.comparisons):
@@ -309,7 +354,7 @@ def test_results_on_several_targets_merged_are_set_side_by_side_each_against_its
         return dataclasses.replace(m, temp_bytes=m.temp_bytes + 100 * 2**30 - m.peak_bytes)
 
     tpu, h100, h200 = ([at_100_gib(g[0])] for g in result.comparisons)
-    both = sweep_of([tpu, h100, h200])
+    [both] = sweeps([tpu, h100, h200])
     assert both.cell("unrolled", "h100, 8 devices", ".2f") == ("100.00 over capacity", True)
     assert both.cell("unrolled", "h200, 1 device", ".2f") == ("100.00", False)
     assert both.cell("unrolled", "tpu7x:2x2x1, 8 devices", ".2f") == ("100.00 over capacity", True)

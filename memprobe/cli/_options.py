@@ -24,7 +24,7 @@ Target = Annotated[str, typer.Option("--target", metavar="<name>", help="tpu7x, 
 Targets = Annotated[str, typer.Option("--target", metavar="<name>[,<name>...]", help="tpu7x, v6e, v5p, v5e, v4 "
                                       "(deviceless TPU; with its size as v5p:2x2x1 or as a Cloud TPU accelerator "
                                       "type, v5p-8), h100, h200, b200, a100 (deviceless GPU: the gpu extra) or cpu; "
-                                      "several, comma-separated, compare the strategies on each (at one shape).")]
+                                      "several, comma-separated, compare the strategies on each.")]
 Devices = Annotated[int | None, typer.Option("--devices", help="Device count (default: the target's).")]
 Topology = Annotated[str | None, typer.Option("--topology", metavar="<topology>", help="TPU topology, e.g. v5p:2x2x1.")]
 Strategies = Annotated[

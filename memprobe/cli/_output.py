@@ -67,18 +67,16 @@ def output_file(output: Path | None) -> Iterator[IO[str]]:
 
 def write_result(result: Result, fmt: Format, output: Path | None, chart: Path | None = None) -> None:
     if chart is not None:
-        from memprobe.render.chart import render_png
-
-        from memprobe.render.frame import sweep
+        from memprobe.render.chart import render_png, render_sweep_png
+        from memprobe.render.frame import sweeps
 
         groups = result.comparisons
         for i, group in enumerate(groups):
             path = chart if len(groups) == 1 else chart.with_name(f"{chart.stem}-{i + 1}{chart.suffix}")
             write_bytes(path, render_png(group))
-        sw = sweep(groups)
-        if sw is not None:  # the shapes (or targets) side by side: each strategy's peak across them
-            from memprobe.render.chart import render_sweep_png
-
-            write_bytes(chart.with_name(f"{chart.stem}-sweep{chart.suffix}"), render_sweep_png(sw))
+        side_by_side = sweeps(groups)  # the shapes (or targets) side by side: each strategy's peak across them
+        for i, sw in enumerate(side_by_side):  # a sweep on several targets: one per target, in table order
+            name = f"{chart.stem}-sweep{'' if len(side_by_side) == 1 else f'-{i + 1}'}{chart.suffix}"
+            write_bytes(chart.with_name(name), render_sweep_png(sw))
     with output_file(output) as f:
         render(result, fmt, f)

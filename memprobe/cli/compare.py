@@ -54,8 +54,8 @@ def compare(
     Exit code 1 when any strategy failed to compile (the table still shows the others); a
     program the TPU compiler refused over HBM is an answer (over capacity), not a failure.
     Several lengths or batches (--seq 4096,8192) make a sweep: a table per shape, and one of
-    the peaks at every shape. Several targets (--target v5p,h100) do the same at one shape:
-    a table per target, and the peaks on every target.
+    the peaks at every shape. Several targets (--target v5p,h100) do the same: a table per
+    target, and the peaks on every target; with several shapes too, each target's sweep.
     """
     plans, skipped = plans_from_options(seq, batch, model, target, devices, topology, strategies,
                                         strategy_file, strategies_dir, loss_chunks, step, optimizer,
@@ -123,8 +123,8 @@ def baseline(
 def plans_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
                        strategies_dir, loss_chunks, step, optimizer, param_dtype,
                        grad_accum) -> tuple[list[Plan], list[tuple[Plan, list[str]]]]:
-    """The checked plans of the CLI's options, one per shape of a sweep (--seq 4096,8192) or
-    per target (--target v5p,h100), and each target's plan with the default offload
+    """The checked plans of the CLI's options, one per shape of a sweep (--seq 4096,8192) on
+    each target (--target v5p,h100), and each target's plan with the default offload
     strategies it leaves out."""
     return resolve_plans(seq=int_list(seq, "--seq"), batch=int_list(batch, "--batch"),
                          target=name_list(target, "--target"), devices=devices, topology=topology,
@@ -193,17 +193,19 @@ def run_plans(plans: list[Plan], timeout: float, jobs: int | None, no_cache: boo
     first = plans[0]
     n = len(first.strategies)
     what = f"{n} strateg{'y' if n == 1 else 'ies'}"
-    # Several targets: one plan each, its strategies less the offload ones a target without host memory skips.
-    if len(plans) > 1 and all(dataclasses.replace(p, target=first.target, strategies=first.strategies) == first
-                              for p in plans):
-        what += (f" on {len(plans)} targets ({len(jobs_)} compiles) for {first.model.name}: "
-                 + ", ".join(p.target.label for p in plans))
-    elif any(dataclasses.replace(p, shapes=first.shapes) != first for p in plans):  # a baseline's mix
+    targets = list(dict.fromkeys(p.target for p in plans))
+    shapes = len({p.shapes for p in plans})
+    # One plan per target and shape, each target's strategies less the offload ones it skips (no host memory).
+    if (len(plans) != len(targets) * shapes
+            or any(dataclasses.replace(p, target=first.target, strategies=first.strategies, shapes=first.shapes)
+                   != first for p in plans)):  # a baseline's mix
         what = f"{len(jobs_)} compiles of {len(plans)} configurations"
     else:
-        if len(plans) > 1:
-            what += f" at {len(plans)} shapes ({len(jobs_)} compiles)"
-        what += f" for {first.model.name} on {first.target.label}"
+        what += f" on {len(targets)} targets" if len(targets) > 1 else ""
+        what += f" at {shapes} shapes" if shapes > 1 else ""
+        what += f" ({len(jobs_)} compiles)" if len(plans) > 1 else ""
+        what += (f" for {first.model.name}: {', '.join(t.label for t in targets)}" if len(targets) > 1
+                 else f" for {first.model.name} on {first.target.label}")
     return run_jobs(jobs_, what, timeout, jobs, no_cache, max_host_bytes, job_labels(plans))
 
 

@@ -77,13 +77,12 @@ def render(result: Result, fmt: Format, file: IO[str]) -> None:
     match fmt:
         case Format.TABLE:
             from memprobe.render import table
-            from memprobe.render.frame import sweep
+            from memprobe.render.frame import sweeps
 
             groups = result.comparisons
             for group in groups:
                 table.render(group, file)
-            sw = sweep(groups)
-            if sw is not None:
+            for sw in sweeps(groups):
                 table.render_sweep(sw, table.gib_places(result.measurements), file)
         case Format.MARKDOWN:
             from memprobe.render import markdown

@@ -15,7 +15,7 @@ from memprobe.flags import OVER_CAPACITY, OVER_HOST_RAM, VERDICT_FLAGS, sanity_f
 from memprobe.measure import GIB, Measurement, flops_ratio
 from memprobe.model_file import describe, model_from_mapping
 from memprobe.plan import recipe, shape_label
-from memprobe.result import TARGET_FIELDS, setting_of
+from memprobe.result import SHAPE_FIELDS, TARGET_FIELDS, setting_of
 
 COLUMNS = [
     "rank", "strategy", "peak_gib", "pct_of_hbm", "delta_gib", "temp_gib", "argument_gib",
@@ -326,33 +326,55 @@ class Sweep:
         return lines
 
 
-def sweep(groups: list[list[Measurement]]) -> Sweep | None:
-    """The comparisons side by side when there are several and they differ only in their
+def sweeps(groups: list[list[Measurement]]) -> list[Sweep]:
+    """The comparisons set side by side, where there are several: that differ only in their
     shapes (a sweep, or results of several lengths merged; shortest and smallest first), or
-    only in their targets (in the order given); None otherwise."""
+    only in their targets (in the order given), one table; that differ in both (a sweep on
+    several targets), a sweep per target, each judged against its own HBM (a target at one
+    shape alone has none). Nothing where they differ in more."""
     if len(groups) < 2:
-        return None
+        return []
     firsts = [g[0] for g in groups]
     if all(setting_of(m) == setting_of(firsts[0]) for m in firsts):
-        groups = sorted(groups, key=lambda g: (g[0].seq_len, g[0].batch_per_device))  # shorter, smaller first
-        seqs = len({g[0].seq_len for g in groups})
-        batches = len({g[0].batch_per_device for g in groups})
-        labels = [shape_label(g[0].seq_len, g[0].batch_per_device, seqs, batches) for g in groups]
-        if len(set(labels)) < len(labels):  # one shape twice, at two loss chunkings: not a sweep
-            return None
-        m = groups[0][0]
-        what = f"{m.model} {step_name(m)}"  # and the one length or batch all shapes share
-        what += f" (per-device batch {m.batch_per_device}{per_microbatch(m)})" if batches == 1 else ""
-        what += f" (seq {m.seq_len})" if seqs == 1 else ""
-        heading, axis = f"{what} on {where(m)}: peak GiB per device at each shape (compiler estimate)", "shape"
-    elif all(setting_of(m, TARGET_FIELDS) == setting_of(firsts[0], TARGET_FIELDS) for m in firsts):
-        labels = [where(m) for m in firsts]  # distinct: each group is another configuration
-        m = firsts[0]
-        heading = (f"{m.model} {step_name(m)}, seq {m.seq_len} x per-device batch {m.batch_per_device}"
-                   f"{per_microbatch(m)}: peak GiB per device on each target (compiler estimate)")
-        axis = "target"
-    else:
+        return [s] if (s := _shape_sweep(groups)) else []
+    if all(setting_of(m, TARGET_FIELDS) == setting_of(firsts[0], TARGET_FIELDS) for m in firsts):
+        return [_target_sweep(groups)]
+    if all(setting_of(m, SHAPE_FIELDS + TARGET_FIELDS) == setting_of(firsts[0], SHAPE_FIELDS + TARGET_FIELDS)
+           for m in firsts):
+        per_target: dict[str, list[list[Measurement]]] = {}
+        for g in groups:  # targets in the order given
+            per_target.setdefault(where(g[0]), []).append(g)
+        return [s for part in per_target.values() if len(part) > 1 and (s := _shape_sweep(part))]
+    return []
+
+
+def _shape_sweep(groups: list[list[Measurement]]) -> Sweep | None:
+    """Comparisons that differ only in their shapes side by side, shortest and smallest first;
+    None where one shape comes twice (at two loss chunkings: not a sweep)."""
+    groups = sorted(groups, key=lambda g: (g[0].seq_len, g[0].batch_per_device))
+    seqs = len({g[0].seq_len for g in groups})
+    batches = len({g[0].batch_per_device for g in groups})
+    labels = [shape_label(g[0].seq_len, g[0].batch_per_device, seqs, batches) for g in groups]
+    if len(set(labels)) < len(labels):
         return None
+    m = groups[0][0]
+    what = f"{m.model} {step_name(m)}"  # and the one length or batch all shapes share
+    what += f" (per-device batch {m.batch_per_device}{per_microbatch(m)})" if batches == 1 else ""
+    what += f" (seq {m.seq_len})" if seqs == 1 else ""
+    return _side_by_side(groups, labels, f"{what} on {where(m)}: peak GiB per device at each shape "
+                         "(compiler estimate)", "shape")
+
+
+def _target_sweep(groups: list[list[Measurement]]) -> Sweep:
+    """Comparisons that differ only in their targets side by side, in the order given."""
+    m = groups[0][0]
+    heading = (f"{m.model} {step_name(m)}, seq {m.seq_len} x per-device batch {m.batch_per_device}"
+               f"{per_microbatch(m)}: peak GiB per device on each target (compiler estimate)")
+    return _side_by_side(groups, [where(g[0]) for g in groups], heading, "target")  # each another slice
+
+
+def _side_by_side(groups: list[list[Measurement]], labels: list[str], heading: str, axis: str) -> Sweep:
+    """The peaks and verdicts of ``groups``, a column each under ``labels``."""
     strategies = list(dict.fromkeys(m.strategy for g in groups for m in g))
     peaks = pd.DataFrame(math.nan, index=strategies, columns=labels)
     verdicts = pd.DataFrame(None, index=strategies, columns=labels, dtype=object)

@@ -10,7 +10,7 @@ import pandas as pd
 
 from memprobe.flags import sanity_flags
 from memprobe.render import chart, markdown
-from memprobe.render.frame import Sweep, answer, footnotes, sweep, title
+from memprobe.render.frame import Sweep, answer, footnotes, sweeps, title
 from memprobe.result import Result
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
@@ -23,8 +23,7 @@ def render(result: Result, file: IO[str]) -> None:
     file.write(f"<!doctype html>\n<html><head><meta charset='utf-8'><title>memprobe report</title>"
                f"<style>{_STYLE}</style></head><body>\n")
     groups = result.comparisons
-    sw = sweep(groups)
-    if sw is not None:
+    for sw in sweeps(groups):
         file.write(f"<h2>{html.escape(sw.title)}</h2>\n" + _sweep_table(sw)
                    + "<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in sw.notes()) + "</ul>\n")
         png = base64.b64encode(chart.render_sweep_png(sw)).decode()

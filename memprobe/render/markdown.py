@@ -9,7 +9,7 @@ import pandas as pd
 
 from memprobe.flags import sanity_flags
 from memprobe.measure import Measurement
-from memprobe.render.frame import Sweep, answer, comparison_frame, fmt, footnotes, pct, sweep, title
+from memprobe.render.frame import Sweep, answer, comparison_frame, fmt, footnotes, pct, sweeps, title
 from memprobe.result import Result
 
 
@@ -56,8 +56,7 @@ def sweep_frame(sw: Sweep) -> pd.DataFrame:
 
 def render(result: Result, file: IO[str]) -> None:
     groups = result.comparisons
-    sw = sweep(groups)
-    if sw is not None:  # the sweep first: one table to read, the detail below
+    for sw in sweeps(groups):  # the sweeps first: one table to read (one per target), the detail below
         file.write(f"## {sw.title}\n\n")
         frame = sweep_frame(sw)
         file.write(frame.to_markdown(index=False, disable_numparse=True,
