@@ -182,13 +182,16 @@ def fit(*, vary: str = "batch", seq: int | Sequence[int] | None = None, batch: i
         budget: str | int | None = None, max_batch: int | None = None, max_seq: int | None = None,
         host_ram: str | int | None = None, devices_per_host: int | None = None, jobs: int | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True, max_host_bytes: int | None = None,
-        on_event: OnEvent | None = None, runner: RoundRunner | None = None) -> FitResult | list[FitResult]:
+        on_event: OnEvent | None = None, runner: RoundRunner | None = None,
+        on_skipped: Callable[[Plan, list[str]], None] | None = None) -> FitResult | list[FitResult]:
     """`memprobe fit` as a call: the largest per-device batch at ``seq`` (``vary="batch"``), or
     the longest sequence at ``batch`` in whole attention blocks (``vary="seq"``), at which
     each strategy's step fits ``budget`` (a size like "85GiB", bytes, or the target's HBM)
     and, with ``host_ram``, its host bytes fit one host's RAM. ``FitResult.answers()`` gives
     the size per strategy. Labels in ``on_event`` are "STRATEGY batch N" / "STRATEGY seq N".
-    ``runner`` replaces how a round is compiled (the CLI passes its progress display).
+    ``runner`` replaces how a round is compiled (the CLI passes its progress display);
+    ``on_skipped(plan, names)`` is told the offload strategies the target leaves out (no host
+    memory), once every option is checked, as the first round starts.
 
     The shape held fixed (``seq``, or ``batch`` with ``vary="seq"``) may be a list: a sweep,
     one ``FitResult`` per value in a list, labels naming the shape ("checkpoint batch 3 @ seq
@@ -199,17 +202,25 @@ def fit(*, vary: str = "batch", seq: int | Sequence[int] | None = None, batch: i
     seqs, batches = (None if v is None else listed(v, name) for v, name in ((seq, "seq"), (batch, "batch")))
     axis, unit, max_n, seq0, batch0 = search_axis(vary, seqs and seqs[0], batches and batches[0], max_batch,
                                                   max_seq, loss_chunks)
-    plan, _ = resolve_plan(seq=seq0, batch=batch0, model=model, target=target, devices=devices,
-                           topology=topology, strategies=strategies, strategy_files=strategy_files,
-                           strategies_dirs=strategies_dirs, loss_chunks=loss_chunks, step=step,
-                           optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)
+    plan, skipped = resolve_plan(seq=seq0, batch=batch0, model=model, target=target, devices=devices,
+                                 topology=topology, strategies=strategies, strategy_files=strategy_files,
+                                 strategies_dirs=strategies_dirs, loss_chunks=loss_chunks, step=step,
+                                 optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)
     check_run(jobs, timeout_s)
-    if runner is None:
-        def runner(wanted: list[CompileJob], labels: list[str], what: str) -> list[Measurement]:
-            return compile_labelled(wanted, labels, jobs=jobs, timeout_s=timeout_s, cache=cache,
-                                    max_host_bytes=max_host_bytes, on_event=on_event)
+    rounds = 0
+
+    def each_round(wanted: list[CompileJob], labels: list[str], what: str) -> list[Measurement]:
+        nonlocal rounds
+        rounds += 1
+        if rounds == 1 and on_skipped is not None:  # fit_sweep checks budget and host_ram first
+            on_skipped(plan, skipped)
+        if runner is not None:
+            return runner(wanted, labels, what)
+        return compile_labelled(wanted, labels, jobs=jobs, timeout_s=timeout_s, cache=cache,
+                                max_host_bytes=max_host_bytes, on_event=on_event)
+
     fixed = (seqs or [seq0]) if axis == "batch" else (batches or [batch0])
-    found = fit_sweep(plan, axis, unit, max_n, runner, fixed, loss_chunks, budget=budget, host_ram=host_ram,
+    found = fit_sweep(plan, axis, unit, max_n, each_round, fixed, loss_chunks, budget=budget, host_ram=host_ram,
                       devices_per_host=devices_per_host)
     return found if isinstance(asked, (list, tuple)) else found[0]
 

@@ -429,11 +429,17 @@ def test_fit_at_several_lengths_is_each_lengths_own_fit_with_the_answers_side_by
 
 
 def test_a_failed_compile_ends_that_search_with_its_first_reason_and_exit_1():
+    # The default strategies: offload is left out on cpu (said before the first round).
     r = memprobe("fit", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--budget", "100MiB",
-                 "--strategies", "checkpoint", "--timeout", "0.5", "--no-cache", "--format", "json")
+                 "--timeout", "0.5", "--no-cache", "--format", "json")
     assert r.returncode == 1
-    [row] = json.loads(r.stdout)["rows"]
-    assert row["error"].startswith("batch 1: timed out after") and row["compiles"] == 2
+    rows = json.loads(r.stdout)["rows"]
+    assert sorted(row["strategy"] for row in rows) == ["checkpoint", "scan-checkpoint", "unrolled"]
+    for row in rows:
+        assert row["error"].startswith("batch 1: timed out after") and row["compiles"] == 2
+    lines = r.stderr.splitlines()
+    skipping = lines.index("memprobe: skipping offload: cpu has no host memory space to offload to")
+    assert skipping < lines.index(next(line for line in lines if "search stopped" in line))
     assert "memprobe: checkpoint: search stopped: batch 1: timed out" in r.stderr
 
 

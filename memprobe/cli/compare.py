@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from memprobe.api import resolve_plan, resolve_plans
+from memprobe.api import resolve_plans
 from memprobe.cache import ResultCache
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, write_result
@@ -141,16 +141,6 @@ def name_list(text: str, option: str) -> list[str]:
                        f"separated by commas: {option} v5p,h100)")
     say_repeated(names, option)
     return list(dict.fromkeys(names))
-
-
-def plan_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
-                      strategies_dir, loss_chunks, step, optimizer, param_dtype,
-                      grad_accum) -> tuple[Plan, list[str]]:
-    """The checked plan of the CLI's options, and the default offload strategies it leaves out."""
-    return resolve_plan(seq=seq, batch=batch, model=model, target=target, devices=devices,
-                        topology=topology, strategies=strategy_names(strategies), strategy_files=strategy_file or (),
-                        strategies_dirs=strategies_dir or (), loss_chunks=loss_chunks, step=step,
-                        optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)
 
 
 def int_list(text: str, option: str) -> list[int]:

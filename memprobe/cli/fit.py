@@ -8,14 +8,15 @@ from typing import Annotated
 
 import typer
 
+from memprobe import api
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, output_file
-from memprobe.cli.compare import check_run_options, int_list, plan_from_options, run_jobs, say_skipped
+from memprobe.cli.compare import check_run_options, int_list, run_jobs, say_skipped, strategy_names
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.plan import DEFAULT_MODEL, ParamDtype, Step
 from memprobe.render import FitFormat
 from memprobe.search import DEFAULT_FIT_SEQ as DEFAULT_SEQ
-from memprobe.search import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQ, fit_sweep, search_axis
+from memprobe.search import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQ
 from memprobe.targets import DEFAULT_TARGET
 
 
@@ -73,27 +74,21 @@ def fit(
     side by side. Every compile is cached, so `compare` afterwards answers at once. Exit code 1
     when a strategy's search failed (the others are still shown).
     """
-    seqs = None if seq is None else int_list(seq, "--seq")
-    batches = None if batch is None else int_list(batch, "--batch")
-    axis, unit, max_n, seq0, batch0 = search_axis(vary.value, seqs and seqs[0], batches and batches[0], max_batch,
-                                                  max_seq, loss_chunks)
-    plan, skipped = plan_from_options(seq0, batch0, model, target, devices, topology, strategies, strategy_file,
-                                      strategies_dir, loss_chunks, step, optimizer, param_dtype,
-                                      grad_accum)
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
-    first = True
 
     def runner(wanted, labels, what):
-        nonlocal first
-        if first:  # fit_plan checks --budget and --host-ram before its first round
-            say_skipped([(plan, skipped)])
-            first = False
         return run_jobs(wanted, what, timeout, jobs, no_cache, cap, labels=labels)
 
-    fixed = (seqs or [seq0]) if axis == "batch" else (batches or [batch0])
-    results = fit_sweep(plan, axis, unit, max_n, runner, fixed, loss_chunks, budget=budget, host_ram=host_ram,
-                        devices_per_host=devices_per_host)
+    found = api.fit(vary=vary.value, seq=None if seq is None else int_list(seq, "--seq"),
+                    batch=None if batch is None else int_list(batch, "--batch"), model=model, target=target,
+                    devices=devices, topology=topology, strategies=strategy_names(strategies),
+                    strategy_files=strategy_file or (), strategies_dirs=strategies_dir or (),
+                    loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype,
+                    grad_accum=grad_accum, budget=budget, max_batch=max_batch, max_seq=max_seq, host_ram=host_ram,
+                    devices_per_host=devices_per_host, jobs=jobs, timeout_s=timeout, runner=runner,
+                    on_skipped=lambda plan, names: say_skipped([(plan, names)]))
+    results = found if isinstance(found, list) else [found]
     for result in results:
         result.command = command_line()
     from memprobe.render.fit import fixed_shape, render_fits  # pandas, through the shared footnotes
