@@ -368,3 +368,31 @@ def test_results_on_several_targets_merged_are_set_side_by_side_each_against_its
         y = round(img.shape[0] * (1 - AXES["bottom"] - axes * cap / top))
         assert reddish[y - 2:y + 3].sum(axis=1).max() > img.shape[1] / 20, cap  # a dash, not a line across
         assert reddish[y - 2:y + 3].sum(axis=1).max() < img.shape[1] / 2, cap
+
+
+def test_results_of_two_shapes_on_two_targets_merged_make_a_sweep_per_target():
+    """The committed full-size E2B results at 8192 x 1 and 24576 x 8 on tpu7x and on H100 (8
+    devices each): each target's shapes side by side, each judged against its own HBM."""
+    names = ["seq8192-b1-tpu7x-8", "seq24576-b8-tpu7x-8", "seq8192-b1-h100-8", "seq24576-b8-h100-8"]
+    result = Result([m for n in names for m in Result.load(REPORTS / f"gemma4-e2b-{n}.json").measurements])
+    tpu, gpu = sweeps(result.comparisons)
+    assert [sw.title.split(": ")[0] for sw in (tpu, gpu)] == [
+        "gemma4-e2b train step on tpu7x:2x2x1, 8 devices", "gemma4-e2b train step on h100, 8 devices"]
+    for sw, (small, big) in ((tpu, result.comparisons[:2]), (gpu, result.comparisons[2:])):
+        assert list(sw.peaks.columns) == ["8192 x 1", "24576 x 8"]
+        assert set(sw.capacities.values()) == {small[0].capacity_bytes}
+        for label, group in (("8192 x 1", small), ("24576 x 8", big)):
+            for m in group:
+                assert sw.peaks.loc[m.strategy, label] == m.peak_bytes / 2**30
+                assert sw.cell(m.strategy, label, ".2f")[1] == (not m.fits)
+    # At the original report's shape nothing fits tpu7x's 94.74 GiB; on H100 scan-checkpoint
+    # fits 79.11 GiB, where per-layer checkpoint is four times over.
+    assert (tpu.answers["24576 x 8"].label, tpu.answers["24576 x 8"].strategy) == ("Nothing fits; lowest peak",
+                                                                                    "scan-periods")
+    assert (gpu.answers["24576 x 8"].label, gpu.answers["24576 x 8"].strategy) == ("Cheapest that fits",
+                                                                                    "scan-checkpoint")
+    assert gpu.peaks.loc["checkpoint", "24576 x 8"] > 4 * gpu.peaks.loc["scan-checkpoint", "24576 x 8"]
+    md = io.StringIO()
+    render(result, Format.MARKDOWN, md)
+    assert md.getvalue().startswith(f"## {tpu.title}\n\n")
+    assert md.getvalue().index(f"## {gpu.title}") < md.getvalue().index("## gemma4-e2b train step, seq 8192")
