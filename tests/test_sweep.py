@@ -89,7 +89,8 @@ def test_a_sweep_compares_each_shape_and_a_baseline_of_it_gates_each(tmp_path):
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]] for line in head[1].splitlines()[2:]}
     assert rows == {m.strategy: [f"{m.peak_bytes / 2**30:.2f}", f"{n.peak_bytes / 2**30:.2f}"]
                     for m, n in zip(short, long)}
-    assert head[2] == "- seq 256: lowest peak: checkpoint\n- seq 512: lowest peak: checkpoint"
+    assert head[2] == ("- seq 256: lowest peak: checkpoint\n- seq 512: lowest peak: checkpoint\n"
+                       "- CPU backend figures: they do not stand for any accelerator.")
     table = io.StringIO()
     render(result, Format.TABLE, table)
     side = table.getvalue()[table.getvalue().index("at each shape"):]
@@ -324,6 +325,8 @@ def test_a_sweep_on_several_targets_sets_each_targets_shapes_side_by_side(tmp_pa
             for m in group:
                 assert sw.peaks.loc[m.strategy, label] == m.peak_bytes / 2**30
     assert tpu.capacities["seq 256"] == 16_911_433_728 and cpu.capacities["seq 256"] is None
+    assert (tpu.notes()[-1], cpu.notes()[-1]) == ("seq 512: cheapest that fits: unrolled",
+                                                  "CPU backend figures: they do not stand for any accelerator.")
     md = io.StringIO()
     render(result, Format.MARKDOWN, md)
     headings = [line for line in md.getvalue().splitlines() if line.startswith("## ")]

@@ -20,7 +20,7 @@ from memprobe.errors import BadInput
 from memprobe.liveness import EXPLAIN_SCHEMA, Buffer, Explained, Explanation
 from memprobe.measure import GIB, OOM_ALLOCATIONS_KEPT, Measurement
 from memprobe.render import DEFAULT_TOP, terminal_width
-from memprobe.render.frame import fmt, model_note, title, versions_line
+from memprobe.render.frame import CPU_NOTE, fmt, model_note, title, versions_line
 from memprobe.result import measurement_from_json, saved_list
 
 MIB = 1024**2
@@ -281,7 +281,7 @@ def explain_notes(m: Measurement, e: Explanation, command: str | None = None) ->
            _what_note(e.names_loops)]
     out += model_note(m)
     if not m.stands_for_accelerator:
-        out.append("CPU backend figures: they do not stand for any accelerator.")
+        out.append(CPU_NOTE)
     out.append(versions_line(m))
     if command:
         out.append(f"Command: `{command}`")

@@ -10,8 +10,8 @@ from typing import IO
 from memprobe.measure import GIB
 from memprobe.render import FitFormat
 from memprobe.render.columns import Column, fitted_table
-from memprobe.render.frame import (PEAK_FORMULA, devices, fmt, model_note, per_microbatch, step_name, versions_line,
-                                   where)
+from memprobe.render.frame import (CPU_NOTE, PEAK_FORMULA, devices, fmt, model_note, per_microbatch, step_name,
+                                   versions_line, where)
 from memprobe.search import FitResult, StrategySearch, fits_to_json
 
 
@@ -114,7 +114,7 @@ def footnotes(fit: FitResult) -> list[str]:
                    f"{fit.host_budget:,} bytes per device. {nxt} over names the limit the {nxt} broke.")
     out += model_note(m)
     if not m.stands_for_accelerator:
-        out.append("CPU backend figures: they do not stand for any accelerator.")
+        out.append(CPU_NOTE)
     out.append(versions_line(m, loss=None if fit.axis == "batch" else f"loss in chunks of {fit.unit} tokens"))
     if fit.command:
         out.append(f"Command: `{fit.command}`")

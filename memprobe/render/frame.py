@@ -25,6 +25,7 @@ COLUMNS = [
 
 REFUSED_VERDICT = f"{OVER_CAPACITY} (refused)"
 PEAK_FORMULA = "peak = argument + output - alias + temp, per device (compiler estimate)"
+CPU_NOTE = "CPU backend figures: they do not stand for any accelerator."
 FLOPS_NOTE = ("FLOPs: matmul FLOPs of the traced step (forward, backward with its recompute, "
               "optimizer; loops counted by trip count), relative to the first strategy: what the "
               "memory saved costs in compute. XLA's own cost analysis, which counts each loop body "
@@ -97,7 +98,7 @@ def footnotes(group: list[Measurement], command: str | None = None) -> list[str]
     if any(m.ok and m.host_bytes for m in group) or m0.host_ram_bytes is not None:
         out.append(host_note(m0))
     if not m0.stands_for_accelerator:
-        out.append("CPU backend figures: they do not stand for any accelerator.")
+        out.append(CPU_NOTE)
     out.append(versions_line(m0))
     for line in (command or "").splitlines():  # a merged result keeps each run's command
         out.append(f"Command: `{line}`")
@@ -320,6 +321,8 @@ class Sweep:
                 for label, cap in self.capacities.items())
                 + ". Each column is its own compiler's estimate (libtpu for TPU, XLA's GPU compiler for GPU)"
                 + ("; the CPU backend's figures stand for no accelerator." if self.cpu else "."))
+        elif self.cpu:  # a shape sweep on cpu
+            lines.append(CPU_NOTE)
         if self.verdicts.isna().to_numpy().any():
             there = "on that target" if self.axis == "target" else "at that shape"
             lines.append(f"-: that strategy was not compiled {there}.")
