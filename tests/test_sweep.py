@@ -33,6 +33,21 @@ def _plan(seq=256, batch=1):
                      target=resolve_target("cpu", 1), seq_len=seq, batch_per_device=batch)
 
 
+def compare_to_json(tmp_path: Path, *args: str):
+    """`memprobe compare ARGS` written as JSON, with charts at tmp_path/c.png: its outcome
+    (exit 0) and the result it wrote."""
+    out = tmp_path / "result.json"
+    r = memprobe("compare", *args, "--format", "json", "-o", str(out), "--chart", str(tmp_path / "c.png"))
+    assert r.returncode == 0, r.stderr
+    return r, Result.load(out)
+
+
+def write_baseline(base: Path, *args: str) -> None:
+    """`memprobe baseline ARGS --output BASE`, which must write it."""
+    r = memprobe("baseline", *args, "--output", str(base))
+    assert r.returncode == 0, r.stderr
+
+
 def check_with_a_row_lowered(base: Path, comparison: int, row: int):
     """`memprobe check` of the baseline ``base`` with one row set 10% below what it compiles
     to (a regression to catch): that comparison's config, the row, and check's outcome."""
@@ -62,17 +77,13 @@ def test_a_sweep_plans_every_pair_once_lengths_outer_and_names_each_compile():
 
 
 def test_a_sweep_compares_each_shape_and_a_baseline_of_it_gates_each(tmp_path):
-    out = tmp_path / "sweep.json"
-    r = memprobe("compare", *SWEEP, "--seq", "256,512,256", "--format", "json", "-o", str(out),
-                 "--chart", str(tmp_path / "c.png"))
-    assert r.returncode == 0, r.stderr
+    r, result = compare_to_json(tmp_path, *SWEEP, "--seq", "256,512,256")
     # A chart per shape, and the sweep's: each strategy's peak as a line across the shapes.
     assert sorted(p.name for p in tmp_path.glob("c*.png")) == ["c-1.png", "c-2.png", "c-sweep.png"]
     assert matplotlib.image.imread(tmp_path / "c-sweep.png").shape[2] in (3, 4)
     assert "memprobe: 256 named more than once in --seq; measured once" in r.stderr
     assert "measuring 2 strategies at 2 shapes (4 compiles) for tiny-e2b on cpu" in r.stderr
     assert "checkpoint @ seq 512" in r.stderr
-    result = Result.load(out)
     short, long = result.comparisons
     assert [(g[0].seq_len, [m.strategy for m in g]) for g in (short, long)] == [
         (256, ["unrolled", "checkpoint"]), (512, ["unrolled", "checkpoint"])]
@@ -102,8 +113,7 @@ def test_a_sweep_compares_each_shape_and_a_baseline_of_it_gates_each(tmp_path):
 
     # A baseline of the sweep: every shape gated, each against its own figures.
     base = tmp_path / "baseline.json"
-    r = memprobe("baseline", *SWEEP, "--output", str(base))
-    assert r.returncode == 0, r.stderr
+    write_baseline(base, *SWEEP)
     r = memprobe("check", "--baseline", str(base))
     assert r.returncode == 0 and "4 of 4 within tolerance 2%" in r.stdout, r.stdout + r.stderr
     config, row, r = check_with_a_row_lowered(base, 1, 1)  # checkpoint at 512
@@ -257,14 +267,11 @@ def test_several_targets_compare_side_by_side_and_a_baseline_of_them_gates_each(
     peaks side by side, and a baseline of both gated target by target."""
     args = ["--model", "tiny-e2b", "--seq", "256", "--batch", "1", "--target", "v5e,h100", "--devices", "1",
             "--strategies", "unrolled,checkpoint"]
-    out = tmp_path / "targets.json"
-    r = memprobe("compare", *args, "--format", "json", "-o", str(out), "--chart", str(tmp_path / "c.png"))
-    assert r.returncode == 0, r.stderr
+    r, result = compare_to_json(tmp_path, *args)
     assert ("measuring 2 strategies on 2 targets (4 compiles) for tiny-e2b: v5e:1x1 (1 device), h100 (1 device)"
             in r.stderr)
     assert "checkpoint @ h100 (1 device)" in r.stderr
     assert sorted(p.name for p in tmp_path.glob("c*.png")) == ["c-1.png", "c-2.png", "c-sweep.png"]
-    result = Result.load(out)
     tpu, gpu = result.comparisons
     assert [(g[0].platform, g[0].capacity_bytes, [m.strategy for m in g]) for g in (tpu, gpu)] == [
         ("tpu", 16_911_433_728, ["unrolled", "checkpoint"]), ("cuda", 84_942_979_072, ["unrolled", "checkpoint"])]
@@ -289,8 +296,7 @@ def test_several_targets_compare_side_by_side_and_a_baseline_of_them_gates_each(
     assert "h100, 1 device: cheapest that fits: " in table.getvalue()
 
     base = tmp_path / "baseline.json"
-    r = memprobe("baseline", *args, "--output", str(base))
-    assert r.returncode == 0, r.stderr
+    write_baseline(base, *args)
     config, row, r = check_with_a_row_lowered(base, 1, 0)  # unrolled on h100
     assert (config["target"], row["strategy"]) == ("h100", "unrolled")
     assert r.returncode == 1, r.stdout + r.stderr
@@ -303,15 +309,12 @@ def test_a_sweep_on_several_targets_sets_each_targets_shapes_side_by_side(tmp_pa
     (The CPU compiles at these shapes are the sweep test's: answered from this run's cache.)"""
     args = ["--model", "tiny-e2b", "--seq", "256,512", "--batch", "1", "--target", "v5e,cpu", "--devices", "1",
             "--strategies", "unrolled,checkpoint"]
-    out = tmp_path / "both.json"
-    r = memprobe("compare", *args, "--format", "json", "-o", str(out), "--chart", str(tmp_path / "c.png"))
-    assert r.returncode == 0, r.stderr
+    r, result = compare_to_json(tmp_path, *args)
     assert ("measuring 2 strategies on 2 targets at 2 shapes (8 compiles) for tiny-e2b: v5e:1x1 (1 device), "
             "cpu (1 device)") in r.stderr
     assert "checkpoint @ v5e:1x1 (1 device) @ seq 512" in r.stderr
     assert sorted(p.name for p in tmp_path.glob("c*.png")) == [
         *(f"c-{i}.png" for i in range(1, 5)), "c-sweep-1.png", "c-sweep-2.png"]
-    result = Result.load(out)
     groups = result.comparisons
     assert [(g[0].platform, g[0].seq_len) for g in groups] == [("tpu", 256), ("tpu", 512), ("cpu", 256), ("cpu", 512)]
     tpu, cpu = sweeps(groups)
@@ -333,8 +336,7 @@ def test_a_sweep_on_several_targets_sets_each_targets_shapes_side_by_side(tmp_pa
     assert headings[:2] == [f"## {tpu.title}", f"## {cpu.title}"] and len(headings) == 6  # the sweeps, then each
 
     base = tmp_path / "baseline.json"
-    r = memprobe("baseline", *args, "--output", str(base))
-    assert r.returncode == 0, r.stderr
+    write_baseline(base, *args)
     config, row, r = check_with_a_row_lowered(base, 3, 0)  # unrolled on cpu at seq 512
     assert (config["target"], config["seq_len"], row["strategy"]) == ("cpu", 512, "unrolled")
     assert r.returncode == 1, r.stdout + r.stderr
