@@ -125,8 +125,9 @@ def render_sweep_png(sw: Sweep) -> bytes:
         # Across targets each strategy's points sit side by side within the target's dash.
         shift = 0.5 * (k + 0.5) / n - 0.25 if across else 0.0
         # NaN (not compiled at that shape, or failed) breaks the line rather than bridging it.
-        ax.plot([x + shift for x in range(len(labels))], list(peaks), marker=markers[k % len(markers)], markersize=6 if across else 4,
-                linewidth=0 if across else 1.4, color=colours[(2 * k) % 20 + (k // 10) % 2], label=str(strategy))
+        ax.plot([x + shift for x in range(len(labels))], list(peaks), marker=markers[k % len(markers)],
+                markersize=6 if across else 4, linewidth=0 if across else 1.4,
+                color=colours[(2 * k) % 20 + (k // 10) % 2], label=str(strategy))
     caps = [c / GIB if c else None for c in sw.capacities.values()]
     peaks = sw.peaks.stack().dropna()  # every compile failed: no peak, and no NaN for the axis
     top = max(float(peaks.max()) if len(peaks) else 0.0, *(c or 0.0 for c in caps))
