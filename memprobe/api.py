@@ -174,7 +174,7 @@ def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: 
 
 def fit(*, vary: str = "batch", seq: int | Sequence[int] | None = None, batch: int | Sequence[int] | None = None,
         model: str = DEFAULT_MODEL,
-        target: str = DEFAULT_TARGET, devices: int | None = None, topology: str | None = None,
+        target: str | Sequence[str] = DEFAULT_TARGET, devices: int | None = None, topology: str | None = None,
         strategies: Sequence[str | Strategy] | str | None = None, strategy_files: Iterable[Path] = (),
         strategies_dirs: Iterable[Path] = (), loss_chunks: int | None = None, step: Step | str = Step.TRAIN,
         optimizer: Optimizer | str | None = None, param_dtype: ParamDtype | str = ParamDtype.FP32,
@@ -195,34 +195,38 @@ def fit(*, vary: str = "batch", seq: int | Sequence[int] | None = None, batch: i
 
     The shape held fixed (``seq``, or ``batch`` with ``vary="seq"``) may be a list: a sweep,
     one ``FitResult`` per value in a list, labels naming the shape ("checkpoint batch 3 @ seq
-    8192")."""
+    8192"). ``target`` may be a list too: the search on each target (at each shape; targets
+    outer), each against its own HBM unless ``budget`` is given, labels naming the target
+    ("checkpoint batch 3 @ h100 (8 devices)"); ``on_skipped`` is then told each target's."""
     if vary not in AXES:
         raise BadInput(f"vary: {vary!r} is not one of {', '.join(AXES)}")
     asked = seq if vary == "batch" else batch  # the shape held fixed: one value, or a list (a sweep)
     seqs, batches = (None if v is None else listed(v, name) for v, name in ((seq, "seq"), (batch, "batch")))
     axis, unit, max_n, seq0, batch0 = search_axis(vary, seqs and seqs[0], batches and batches[0], max_batch,
                                                   max_seq, loss_chunks)
-    plan, skipped = resolve_plan(seq=seq0, batch=batch0, model=model, target=target, devices=devices,
-                                 topology=topology, strategies=strategies, strategy_files=strategy_files,
-                                 strategies_dirs=strategies_dirs, loss_chunks=loss_chunks, step=step,
-                                 optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)
+    plans, skipped = resolve_plans(seq=[seq0], batch=[batch0], target=[target] if isinstance(target, str)
+                                   else list(target), devices=devices, topology=topology, loss_chunks=loss_chunks,
+                                   model=model, strategies=strategies, strategy_files=strategy_files,
+                                   strategies_dirs=strategies_dirs, step=step, optimizer=optimizer,
+                                   param_dtype=param_dtype, grad_accum=grad_accum)
     check_run(jobs, timeout_s)
     rounds = 0
 
     def each_round(wanted: list[CompileJob], labels: list[str], what: str) -> list[Measurement]:
         nonlocal rounds
         rounds += 1
-        if rounds == 1 and on_skipped is not None:  # fit_sweep checks budget and host_ram first
-            on_skipped(plan, skipped)
+        if rounds == 1 and on_skipped is not None:  # fit_sweep checks every budget and host_ram first
+            for plan, names in skipped:
+                on_skipped(plan, names)
         if runner is not None:
             return runner(wanted, labels, what)
         return compile_labelled(wanted, labels, jobs=jobs, timeout_s=timeout_s, cache=cache,
                                 max_host_bytes=max_host_bytes, on_event=on_event)
 
     fixed = (seqs or [seq0]) if axis == "batch" else (batches or [batch0])
-    found = fit_sweep(plan, axis, unit, max_n, each_round, fixed, loss_chunks, budget=budget, host_ram=host_ram,
+    found = fit_sweep(plans, axis, unit, max_n, each_round, fixed, loss_chunks, budget=budget, host_ram=host_ram,
                       devices_per_host=devices_per_host)
-    return found if isinstance(asked, (list, tuple)) else found[0]
+    return found if isinstance(asked, (list, tuple)) or not isinstance(target, str) else found[0]
 
 
 def explain(strategy: str | Strategy | None = None, *, diff: Sequence[str | Strategy] | None = None,

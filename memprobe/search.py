@@ -42,6 +42,7 @@ from memprobe.errors import BadInput
 from memprobe.measure import (GIB, Measurement, host_ram_check, parse_positive_size, with_host_ram)
 from memprobe.model._config import attention_block_size, default_loss_chunks
 from memprobe.plan import CompileJob, Plan, Shapes, sweep
+from memprobe.result import TARGET_FIELDS
 
 AXES = ("batch", "seq")  # what a fit varies: the per-device batch, or the sequence length
 
@@ -321,31 +322,46 @@ def fits_from_json(data: dict, where: str = "result") -> list[FitResult]:
     return fits
 
 
+def fit_target(f: FitResult) -> tuple:
+    """The slice a fit searched on (target, platform, devices, topology): what tells the fits
+    of a sweep on several targets apart."""
+    m = f.measurements[0]
+    return tuple(getattr(m, k) for k in TARGET_FIELDS)
+
+
 def merge_fits(loaded: list[tuple[str, list[FitResult]]]) -> list[FitResult]:
-    """Saved fits (file, its fits) as one sweep, shortest or smallest fixed shape first: they
-    must differ in the shape held fixed alone (the same search, budget, host RAM and setting
-    otherwise), each shape once; anything else is refused in one line naming the file."""
-    from memprobe.result import setting_of
+    """Saved fits (file, its fits) as one sweep: they must differ in the shape held fixed, the
+    target, or both, and in nothing else (the same search, host RAM and setting; the same
+    ``--budget``, or each its target's HBM), each target and shape once. Targets in the order
+    first seen, each target's shortest or smallest shape first; anything else is refused in
+    one line naming the file."""
+    from memprobe.result import SHAPE_FIELDS, setting_of
 
     fits = [(where, f) for where, listed in loaded for f in listed]
     if len(fits) == 1:
         return [fits[0][1]]
 
     def what(f: FitResult) -> dict:
-        return {"search": (f.axis, f.unit, f.max_n), "budget": (f.budget, f.budget_source),
-                "host RAM": (f.host_ram, f.devices_per_host), **setting_of(f.measurements[0])}
+        return {"search": (f.axis, f.unit, f.max_n), "host RAM": f.host_ram,
+                "budget": f.budget_source if f.budget_source == "HBM" else (f.budget, f.budget_source),
+                **setting_of(f.measurements[0], SHAPE_FIELDS + TARGET_FIELDS)}
 
     (first_where, first), seen = fits[0], {}
-    expected = what(first)
+    expected, targets = what(first), list(dict.fromkeys(fit_target(f) for _, f in fits))
     for where, f in fits:
         differs = [k for k, v in what(f).items() if v != expected[k]]
         if differs:
+            shape = "length" if f.held[0] == "seq" else "batch"
             raise BadInput(f"{where}: its {differs[0]} differs from {first_where}'s: fit results merge only when "
-                           f"they differ in the {'length' if f.held[0] == 'seq' else 'batch'} alone")
-        if f.held in seen:
-            raise BadInput(f"{where}: {' '.join(map(str, f.held))} is in {seen[f.held]} too")
-        seen[f.held] = where
-    return sorted((f for _, f in fits), key=lambda f: f.held[1])
+                           f"they differ in the {shape}, the target or both")
+        key = (fit_target(f), f.held)
+        if key in seen:
+            m = f.measurements[0]
+            on = (f" on {m.topology or m.target} ({m.num_devices} device{'s' if m.num_devices != 1 else ''})"
+                  if len(targets) > 1 else "")
+            raise BadInput(f"{where}: {' '.join(map(str, f.held))}{on} is in {seen[key]} too")
+        seen[key] = where
+    return sorted((f for _, f in fits), key=lambda f: (targets.index(fit_target(f)), f.held[1]))
 
 
 #: Compiles one round of a fit: (jobs, their labels, a line saying what they are) -> measurements.
@@ -356,23 +372,42 @@ DEFAULT_MAX_SEQ = 131072  # Gemma 4 small's context length
 DEFAULT_FIT_SEQ = 24576
 
 
-def fit_plan(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, *,
-             budget: str | int | None = None, host_ram: str | int | None = None,
-             devices_per_host: int | None = None, at: str = "") -> FitResult:
-    """The search of ``fit`` on a checked plan, whose shapes give what stays fixed; ``max_n``
-    sizes of ``unit`` along ``axis`` at most (see ``search_axis``). Checks the budget and host
-    RAM before the first round. ``at`` names the fixed shape in progress labels, in a sweep
-    ("seq 8192")."""
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What a fit on one target searches against, checked before the first compile: the
+    per-device budget and where it came from ("HBM" or "--budget"), and with --host-ram the
+    host's RAM and the devices sharing it."""
+
+    budget: int
+    source: str
+    host_ram: int | None = None
+    devices_per_host: int | None = None
+
+
+def fit_limits(plan: Plan, budget: str | int | None = None, host_ram: str | int | None = None,
+               devices_per_host: int | None = None) -> Limits:
+    """``plan``'s target's limits for a fit: ``budget`` (a size, bytes, or None for the
+    target's HBM) and the host RAM; refused in one line where the target has no HBM and no
+    budget is given, or no host memory to judge host RAM by."""
     if budget is not None:
         limit = parse_positive_size(budget, "--budget") if isinstance(budget, str) else budget
-        source = "--budget"
         if limit < 1:
             raise BadInput(f"--budget must be a positive size, got {budget}")
+        source = "--budget"
     elif plan.target.hbm_bytes is None:
         raise BadInput(f"target {plan.target.name} has no HBM capacity to fit in; pass --budget SIZE")
     else:
         limit, source = plan.target.hbm_bytes, "HBM"
     ram, per_host = host_ram_check(plan.target, host_ram, devices_per_host) or (None, None)
+    return Limits(limit, source, ram, per_host)
+
+
+def fit_plan(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, limits: Limits, *,
+             at: str = "") -> FitResult:
+    """The search of ``fit`` on a checked plan, whose shapes give what stays fixed; ``max_n``
+    sizes of ``unit`` along ``axis`` at most (see ``search_axis``), against ``limits`` (see
+    ``fit_limits``). ``at`` names what varies in a sweep in progress labels ("seq 8192",
+    "h100 (8 devices)")."""
     by_name = {s.name: s for s in plan.strategies}
     measured: list[Measurement] = []
     rounds = 0
@@ -387,33 +422,41 @@ def fit_plan(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, 
         rounds += 1
         wanted = [plan.job(by_name[name], shapes(n)) for name, n in pairs]
         sizes = ("batch size" if axis == "batch" else "sequence length") + ("s" if len(pairs) != 1 else "")
-        what = (f"{len(pairs)} {sizes} for {plan.model.name} on {plan.target.label}{f' at {at}' if at else ''} "
-                f"(round {rounds}, budget {limit / GIB:.2f} GiB)")
+        fixed = f"seq {plan.shapes.seq_len}" if axis == "batch" else f"batch {plan.shapes.batch_per_device}"
+        what = (f"{len(pairs)} {sizes} for {plan.model.name} on {plan.target.label} at {fixed} "
+                f"(round {rounds}, budget {limits.budget / GIB:.2f} GiB)")
         out = runner(wanted, [f"{name} {axis} {n * unit}{f' @ {at}' if at else ''}" for name, n in pairs], what)
-        if ram is not None:
-            out = with_host_ram(out, ram, per_host)
+        if limits.host_ram is not None:
+            out = with_host_ram(out, limits.host_ram, limits.devices_per_host)
         measured.extend(out)
         return out
 
-    result = FitResult([], measured, limit, source, max_n, host_ram=ram, devices_per_host=per_host,
-                       axis=axis, unit=unit)
-    result.searches = search(list(by_name), limit, max_n, measure, result.host_budget, axis, unit)
+    result = FitResult([], measured, limits.budget, limits.source, max_n, host_ram=limits.host_ram,
+                       devices_per_host=limits.devices_per_host, axis=axis, unit=unit)
+    result.searches = search(list(by_name), limits.budget, max_n, measure, result.host_budget, axis, unit)
     return result
 
 
-def fit_sweep(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, fixed: list[int],
-              loss_chunks: int | None = None, **limits) -> list[FitResult]:
-    """``fit_plan`` at each value of the shape the search holds fixed, in the order given: the
-    length for a batch search (--seq 8192,24576), the batch for a length search. Every shape
-    is checked before the first compile; ``limits`` are ``fit_plan``'s budget and host RAM."""
-    seqs, batches = (fixed, [plan.shapes.batch_per_device]) if axis == "batch" else ([plan.shapes.seq_len], fixed)
-    plans = sweep(plan, seqs, batches, loss_chunks)
+def fit_sweep(plans: list[Plan], axis: str, unit: int, max_n: int, runner: RoundRunner, fixed: list[int],
+              loss_chunks: int | None = None, *, budget: str | int | None = None,
+              host_ram: str | int | None = None, devices_per_host: int | None = None) -> list[FitResult]:
+    """``fit_plan`` on each target's plan of ``plans`` (targets outer, in the order given) at
+    each value of the shape the search holds fixed: the length for a batch search (--seq
+    8192,24576), the batch for a length search. Every target's limits and every shape are
+    checked before the first compile."""
+    checked = [(p, fit_limits(p, budget, host_ram, devices_per_host)) for p in plans]
+    swept = []
+    for plan, limits in checked:
+        seqs, batches = ((fixed, [plan.shapes.batch_per_device]) if axis == "batch"
+                         else ([plan.shapes.seq_len], fixed))
+        swept += [(p, limits) for p in sweep(plan, seqs, batches, loss_chunks)]
 
     def at(p: Plan) -> str:
-        if len(plans) == 1:
-            return ""
-        return f"seq {p.shapes.seq_len}" if axis == "batch" else f"batch {p.shapes.batch_per_device}"
-    return [fit_plan(p, axis, unit, max_n, runner, at=at(p), **limits) for p in plans]
+        where = [p.target.label] if len(plans) > 1 else []
+        if len(fixed) > 1:
+            where.append(f"seq {p.shapes.seq_len}" if axis == "batch" else f"batch {p.shapes.batch_per_device}")
+        return " @ ".join(where)
+    return [fit_plan(p, axis, unit, max_n, runner, limits, at=at(p)) for p, limits in swept]
 
 
 def search_axis(vary: str, seq: int | None, batch: int | None, max_batch: int | None, max_seq: int | None,

@@ -141,8 +141,8 @@ def resolve_target(name: str, devices: int | None = None, topology: str | None =
     """A target from the CLI's --target/--devices/--topology; libtpu checks the topology later."""
     if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
         raise BadInput(f"--devices must be a positive integer, got {devices!r}")
-    if "," in name:  # several targets are compare's and baseline's, each planned on its own
-        raise BadInput(f"--target {name}: one target here (compare and baseline take several)")
+    if "," in name:  # several targets are for compare, baseline and fit, each planned on its own
+        raise BadInput(f"--target {name}: one target here (compare, baseline and fit take several)")
     name, devices, topology, option, devices_option = _split_target(name, devices, topology)
     if name == "cpu":
         if topology:

@@ -11,7 +11,7 @@ import typer
 from memprobe import api
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, output_file
-from memprobe.cli.compare import check_run_options, int_list, run_jobs, say_skipped, strategy_names
+from memprobe.cli.compare import check_run_options, int_list, name_list, run_jobs, say_skipped, strategy_names
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.plan import DEFAULT_MODEL, ParamDtype, Step
 from memprobe.render import FitFormat
@@ -36,7 +36,9 @@ def fit(
         "--vary", help="What to search: the per-device batch at --seq, or the sequence length at "
         "--batch (in steps of one attention block, 512 tokens).")] = Axis.BATCH,
     model: o.Model = DEFAULT_MODEL,
-    target: o.Target = DEFAULT_TARGET,
+    target: Annotated[str, typer.Option(
+        "--target", metavar="<name>[,<name>...]", help="As compare's; several, comma-separated, search on each, "
+        "each against its own HBM (or --budget), with a table of the answers side by side.")] = DEFAULT_TARGET,
     devices: o.Devices = None,
     topology: o.Topology = None,
     strategies: o.Strategies = None,
@@ -71,8 +73,10 @@ def fit(
     --vary seq does the same with the length, one attention block at a time. With --host-ram a
     size must also fit its host bytes (offload) in the host's RAM. Several lengths (--seq
     8192,24576; with --vary seq, several batches) search at each, with a table of the answers
-    side by side. Every compile is cached, so `compare` afterwards answers at once. Exit code 1
-    when a strategy's search failed (the others are still shown).
+    side by side; several targets (--target v5p-8,h100) search on each, the same way (with
+    several shapes too, each target's shapes side by side). Every compile is cached, so
+    `compare` afterwards answers at once. Exit code 1 when a strategy's search failed (the
+    others are still shown).
     """
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
@@ -81,21 +85,21 @@ def fit(
         return run_jobs(wanted, what, timeout, jobs, no_cache, cap, labels=labels)
 
     found = api.fit(vary=vary.value, seq=None if seq is None else int_list(seq, "--seq"),
-                    batch=None if batch is None else int_list(batch, "--batch"), model=model, target=target,
+                    batch=None if batch is None else int_list(batch, "--batch"), model=model,
+                    target=name_list(target, "--target"),
                     devices=devices, topology=topology, strategies=strategy_names(strategies),
                     strategy_files=strategy_file or (), strategies_dirs=strategies_dir or (),
                     loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype,
                     grad_accum=grad_accum, budget=budget, max_batch=max_batch, max_seq=max_seq, host_ram=host_ram,
                     devices_per_host=devices_per_host, jobs=jobs, timeout_s=timeout, runner=runner,
                     on_skipped=lambda plan, names: say_skipped([(plan, names)]))
-    results = found if isinstance(found, list) else [found]
-    for result in results:
+    for result in found:
         result.command = command_line()
-    from memprobe.render.fit import fixed_shape, render_fits  # pandas, through the shared footnotes
+    from memprobe.render.fit import at, render_fits  # pandas, through the shared footnotes
 
     with output_file(output) as f:
-        render_fits(results, format, f)
-    failed = [(fixed_shape(r) if len(results) > 1 else "", s) for r in results for s in r.searches if s.error]
+        render_fits(found, format, f)
+    failed = [(at(r, found), s) for r in found for s in r.searches if s.error]
     for at, s in failed:
         messages().print(f"memprobe: {s.strategy}{f' at {at}' if at else ''}: search stopped: {s.error}")
     return 1 if failed else 0

@@ -44,8 +44,10 @@ def _note(fit: FitResult, s: StrategySearch) -> str:
         notes.append(f"over at {fit.axis} {below}, below the answer")
     for n1, n2, what in s.dips:
         values = s.peaks if what == "peak" else s.hosts
-        notes.append(f"{what} falls from {fit.axis} {s.value(n1)} to {s.value(n2)} ({values[n1] / GIB:.2f} > "
-                     f"{values[n2] / GIB:.2f} GiB): the search assumes it never does")
+        hi, lo = f"{values[n1] / GIB:.2f}", f"{values[n2] / GIB:.2f}"
+        by = f"{hi} > {lo} GiB" if hi != lo else f"{values[n1]:,} > {values[n2]:,} bytes"  # a dip under 0.01 GiB
+        notes.append(f"{what} falls from {fit.axis} {s.value(n1)} to {s.value(n2)} ({by}): the search assumes "
+                     "it never does")
     return "; ".join(notes)
 
 
@@ -174,50 +176,107 @@ def fixed_shape(fit: FitResult) -> str:
     return f"{name} {value}"
 
 
-def sweep_rows(fits: list[FitResult]) -> tuple[list[str], list[dict[str, str]]]:
-    """The answers of a sweep side by side: one row per strategy (in the first fit's ranking),
-    one column per fixed shape, each cell the size found and its peak."""
+def target_of(fit: FitResult) -> str:
+    """The slice a fit searched on, as titles name it: "h100, 8 devices"."""
+    return where(fit.measurements[0])
+
+
+def at(fit: FitResult, fits: list[FitResult]) -> str:
+    """What tells ``fit`` apart among ``fits`` (its target, its fixed shape or both: "h100, 8
+    devices, seq 8192"); empty for a fit alone."""
+    parts = [target_of(fit)] if len({target_of(f) for f in fits}) > 1 else []
+    parts += [fixed_shape(fit)] if len({f.held for f in fits}) > 1 else []
+    return ", ".join(parts)
+
+
+def sweeps(fits: list[FitResult]) -> list[tuple[str, list[FitResult]]]:
+    """The fits set side by side, each as (what varies across its columns, "shape" or
+    "target", its fits): one where only the fixed shape or only the target varies; where both
+    do, one per target across its shapes (a target at one shape alone has none), as
+    `compare` sets a sweep on several targets."""
+    if len(fits) < 2:
+        return []
+    targets = list(dict.fromkeys(target_of(f) for f in fits))
+    if len(targets) == 1:
+        return [("shape", fits)]
+    if len({f.held for f in fits}) == 1:
+        return [("target", fits)]
+    parts = [[f for f in fits if target_of(f) == t] for t in targets]
+    return [("shape", part) for part in parts if len(part) > 1]
+
+
+def sweep_rows(fits: list[FitResult], axis: str = "shape") -> tuple[list[str], list[dict[str, str]]]:
+    """The answers of a sweep side by side: one row per strategy (in the first fit's ranking,
+    then any that only later fits searched), one column per fixed shape (or per target), each
+    cell the size found and its peak."""
     def cell(s: StrategySearch | None) -> str:
-        if s is None or s.error is not None:
+        if s is None:
+            return "not searched"
+        if s.error is not None:
             return "-"
         if not s.largest:
             return "0 (over)"
         return f"{s.value(s.largest)} ({s.peaks[s.largest] / GIB:.2f} GiB)"
 
-    cols = ["strategy", *(fixed_shape(f) for f in fits)]
+    cols = ["strategy", *((fixed_shape if axis == "shape" else target_of)(f) for f in fits)]
     by_fit = [{s.strategy: s for s in f.searches} for f in fits]
-    return cols, [{"strategy": first.strategy, **{col: cell(searches.get(first.strategy))
-                                                  for col, searches in zip(cols[1:], by_fit)}}
-                  for first in fits[0].ranked()]
+    names = list(dict.fromkeys(s.strategy for f in fits for s in f.ranked()))
+    return cols, [{"strategy": name, **{col: cell(searches.get(name)) for col, searches in zip(cols[1:], by_fit)}}
+                  for name in names]
 
 
-def sweep_title(fits: list[FitResult]) -> str:
+def _within(fits: list[FitResult]) -> str:
+    """The budget a side-by-side's cells fit: one size, or each target's own HBM."""
+    if len({f.budget for f in fits}) == 1:
+        return f"{fits[0].budget / GIB:.2f} GiB per device"
+    return "each target's HBM per device"
+
+
+def sweep_title(fits: list[FitResult], axis: str = "shape") -> str:
     fit, m = fits[0], fits[0].measurements[0]
-    what = (f"the largest per-device batch{per_microbatch(m)} at each length" if fit.axis == "batch"
-            else f"the longest sequence at each per-device batch{per_microbatch(m)}")
-    return f"{m.model} {step_name(m)} on {where(m)}: {what} within {fit.budget / GIB:.2f} GiB per device"
+    size = (f"the largest per-device batch{per_microbatch(m)}" if fit.axis == "batch"
+            else "the longest sequence")
+    if axis == "target":
+        fixed = (f"seq {m.seq_len}" if fit.axis == "batch"
+                 else f"per-device batch {m.batch_per_device}{per_microbatch(m)}")
+        return f"{m.model} {step_name(m)} at {fixed}: {size} on each target within {_within(fits)}"
+    what = (f"{size} at each length" if fit.axis == "batch"
+            else f"{size} at each per-device batch{per_microbatch(m)}")
+    return f"{m.model} {step_name(m)} on {where(m)}: {what} within {_within(fits)}"
 
 
-def sweep_notes(fits: list[FitResult]) -> list[str]:
+def sweep_notes(fits: list[FitResult], axis: str = "shape") -> list[str]:
     size = "largest per-device batch" if fits[0].axis == "batch" else "longest sequence"
-    out = [f"Each cell: the {size} that fits at that shape, and its peak GiB per device (compiler estimate); "
-           "0 (over): over even at the smallest; -: the search failed. Each shape's table above says more."]
+    where_ = "at that shape" if axis == "shape" else "on that target"
+    searched = [{s.strategy for s in f.searches} for f in fits]
+    missing = ("; not searched: the strategy was not run there (offload, on a target without host memory)"
+               if any(names != searched[0] for names in searched) else "")
+    out = [f"Each cell: the {size} that fits {where_}, and its peak GiB per device (compiler estimate); "
+           f"0 (over): over even at the smallest; -: the search failed{missing}. Each {axis}'s table above "
+           "says more."]
+    if len({f.budget for f in fits}) > 1:
+        def budget(f: FitResult) -> str:
+            its = ", its HBM" if f.budget_source == "HBM" else ""
+            return f"{target_of(f)} {f.budget / GIB:.2f} GiB ({f.budget:,} bytes{its})"
+        out.append("Budgets: " + "; ".join(map(budget, fits)) + ".")
+    if any(not f.measurements[0].stands_for_accelerator for f in fits):
+        out.append(CPU_NOTE)
     for command in dict.fromkeys(f.command for f in fits if f.command):  # one, or one per file merged
         out.append(f"Command: `{command}`")
     return out
 
 
 def render_fits(fits: list[FitResult], fmt_: FitFormat, file: IO[str], width: int | None = None) -> None:
-    """One fit as ``render`` writes it; a sweep's fits one after the other, then their answers
-    side by side (JSON: every fit in one container)."""
+    """One fit as ``render`` writes it; a sweep's fits (shapes, targets or both) one after the
+    other, then their answers side by side (see ``sweeps``; JSON: every fit in one container)."""
     if fmt_ is FitFormat.JSON:
         file.write(json.dumps(fits_to_json(fits), indent=2) + "\n")
         return
     for fit in fits:
         render(fit, fmt_, file, width)
-    if len(fits) > 1:
-        cols, table = sweep_rows(fits)
-        # On a narrow terminal the last shapes are left out first, and the caption names them.
+    for axis, part in sweeps(fits):
+        cols, table = sweep_rows(part, axis)
+        # On a narrow terminal the last columns are left out first, and the caption names them.
         spec = [Column("strategy", justify="left"),
                 *(Column(c, drop=None if k == 0 else len(cols) - 1 - k) for k, c in enumerate(cols[1:]))]
-        _write(sweep_title(fits), spec, table, sweep_notes(fits), fmt_, file, width, framed=False)
+        _write(sweep_title(part, axis), spec, table, sweep_notes(part, axis), fmt_, file, width, framed=False)
