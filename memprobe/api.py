@@ -164,7 +164,8 @@ def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: 
     """`memprobe check` as a call: every configuration of ``baseline`` compiled again, one
     ``Verdict`` per strategy (``passed``; ``status`` "ok", "improved", "regressed", "over
     budget", "host regressed", "refused" (over HBM, by the TPU compiler) or "failed").
-    ``tolerance`` like "2%" or "0.5GiB"; ``max_peak`` a size like "90GiB" or bytes. Every plan is checked before anything compiles."""
+    ``tolerance`` like "2%" or "0.5GiB"; ``max_peak`` a size like "90GiB" or bytes. Every plan
+    is checked before anything compiles."""
     tol, budget = limits(tolerance, max_peak)
     base = load_baseline(Path(baseline), allow_version_drift)
     return recheck(base, Path(baseline), tol, budget,
@@ -196,8 +197,9 @@ def fit(*, vary: str = "batch", seq: int | Sequence[int] | None = None, batch: i
     The shape held fixed (``seq``, or ``batch`` with ``vary="seq"``) may be a list: a sweep,
     one ``FitResult`` per value in a list, labels naming the shape ("checkpoint batch 3 @ seq
     8192"). ``target`` may be a list too: the search on each target (at each shape; targets
-    outer), each against its own HBM unless ``budget`` is given, labels naming the target
-    ("checkpoint batch 3 @ h100 (8 devices)"); ``on_skipped`` is then told each target's."""
+    outer), each against its own HBM unless ``budget`` is given, one ``FitResult`` each in a
+    list, labels naming the target ("checkpoint batch 3 @ h100 (8 devices)"); ``on_skipped``
+    is then told each target's."""
     if vary not in AXES:
         raise BadInput(f"vary: {vary!r} is not one of {', '.join(AXES)}")
     asked = seq if vary == "batch" else batch  # the shape held fixed: one value, or a list (a sweep)

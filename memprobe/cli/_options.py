@@ -18,13 +18,11 @@ Batches = Annotated[str, typer.Option("--batch", metavar="<int>[,<int>...]", hel
                                       "per_device_batch_size; of each microbatch with --grad-accum); several, "
                                       "comma-separated, compare the strategies at each.")]
 Model = Annotated[str, typer.Option("--model", metavar="<name|file>", help="Model preset: gemma4-e2b, gemma4-e4b, or tiny-e2b, tiny-e4b, small-deep for quick trials; or a model file of your own (my-model.toml: a preset with some sizes changed, see docs/model.md).")]
-Target = Annotated[str, typer.Option("--target", metavar="<name>", help="tpu7x, v6e, v5p, v5e, v4 (deviceless TPU; with its size "
-                                     "as v5p:2x2x1 or as a Cloud TPU accelerator type, v5p-8), h100, h200, "
-                                     "b200, a100 (deviceless GPU: the gpu extra) or cpu.")]
-Targets = Annotated[str, typer.Option("--target", metavar="<name>[,<name>...]", help="tpu7x, v6e, v5p, v5e, v4 "
-                                      "(deviceless TPU; with its size as v5p:2x2x1 or as a Cloud TPU accelerator "
-                                      "type, v5p-8), h100, h200, b200, a100 (deviceless GPU: the gpu extra) or cpu; "
-                                      "several, comma-separated, compare the strategies on each.")]
+TARGET_NAMES = ("tpu7x, v6e, v5p, v5e, v4 (deviceless TPU; with its size as v5p:2x2x1 or as a Cloud TPU "
+                "accelerator type, v5p-8), h100, h200, b200, a100 (deviceless GPU: the gpu extra) or cpu")
+Target = Annotated[str, typer.Option("--target", metavar="<name>", help=f"{TARGET_NAMES}.")]
+Targets = Annotated[str, typer.Option("--target", metavar="<name>[,<name>...]", help=f"{TARGET_NAMES}; several, "
+                                      "comma-separated, compare the strategies on each.")]
 Devices = Annotated[int | None, typer.Option("--devices", help="Device count (default: the target's).")]
 Topology = Annotated[str | None, typer.Option("--topology", metavar="<topology>", help="TPU topology, e.g. v5p:2x2x1.")]
 Strategies = Annotated[

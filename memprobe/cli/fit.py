@@ -37,8 +37,8 @@ def fit(
         "--batch (in steps of one attention block, 512 tokens).")] = Axis.BATCH,
     model: o.Model = DEFAULT_MODEL,
     target: Annotated[str, typer.Option(
-        "--target", metavar="<name>[,<name>...]", help="As compare's; several, comma-separated, search on each, "
-        "each against its own HBM (or --budget), with a table of the answers side by side.")] = DEFAULT_TARGET,
+        "--target", metavar="<name>[,<name>...]", help=f"{o.TARGET_NAMES}; several, comma-separated, search on "
+        "each, against its own HBM (or --budget), with a table of the answers side by side.")] = DEFAULT_TARGET,
     devices: o.Devices = None,
     topology: o.Topology = None,
     strategies: o.Strategies = None,
@@ -100,7 +100,7 @@ def fit(
     with output_file(output) as f:
         render_fits(found, format, f)
     failed = [(at(r, found), s) for r in found for s in r.searches if s.error]
-    for at, s in failed:
-        messages().print(f"memprobe: {s.strategy}{f' at {at}' if at else ''}: search stopped: {s.error}")
+    for where, s in failed:
+        messages().print(f"memprobe: {s.strategy}{f' at {where}' if where else ''}: search stopped: {s.error}")
     return 1 if failed else 0
 
