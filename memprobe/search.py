@@ -402,6 +402,12 @@ def fit_limits(plan: Plan, budget: str | int | None = None, host_ram: str | int 
     return Limits(limit, source, ram, per_host)
 
 
+def held_by(plan: Plan, axis: str) -> str:
+    """The shape a search along ``axis`` holds fixed on ``plan``: "seq 8192" for a batch
+    search, "batch 8" for a length search."""
+    return f"seq {plan.shapes.seq_len}" if axis == "batch" else f"batch {plan.shapes.batch_per_device}"
+
+
 def fit_plan(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, limits: Limits, *,
              at: str = "") -> FitResult:
     """The search of ``fit`` on a checked plan, whose shapes give what stays fixed; ``max_n``
@@ -422,8 +428,7 @@ def fit_plan(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, 
         rounds += 1
         wanted = [plan.job(by_name[name], shapes(n)) for name, n in pairs]
         sizes = ("batch size" if axis == "batch" else "sequence length") + ("s" if len(pairs) != 1 else "")
-        fixed = f"seq {plan.shapes.seq_len}" if axis == "batch" else f"batch {plan.shapes.batch_per_device}"
-        what = (f"{len(pairs)} {sizes} for {plan.model.name} on {plan.target.label} at {fixed} "
+        what = (f"{len(pairs)} {sizes} for {plan.model.name} on {plan.target.label} at {held_by(plan, axis)} "
                 f"(round {rounds}, budget {limits.budget / GIB:.2f} GiB)")
         out = runner(wanted, [f"{name} {axis} {n * unit}{f' @ {at}' if at else ''}" for name, n in pairs], what)
         if limits.host_ram is not None:
@@ -454,7 +459,7 @@ def fit_sweep(plans: list[Plan], axis: str, unit: int, max_n: int, runner: Round
     def at(p: Plan) -> str:
         where = [p.target.label] if len(plans) > 1 else []
         if len(fixed) > 1:
-            where.append(f"seq {p.shapes.seq_len}" if axis == "batch" else f"batch {p.shapes.batch_per_device}")
+            where.append(held_by(p, axis))
         return " @ ".join(where)
     return [fit_plan(p, axis, unit, max_n, runner, limits, at=at(p)) for p, limits in swept]
 

@@ -224,6 +224,16 @@ def test_fit_defaults_to_the_targets_hbm_and_says_when_the_limit_is_reached():
     assert "| checkpoint | 2 | 2 |" in row and "fits at the search limit (--max-batch 2)" in row
 
 
+def _cell(row: dict) -> str:
+    """A side-by-side cell as a fit's JSON row predicts it: the size found and its peak."""
+    return f"{row['largest_batch']} ({row['peak_bytes'] / 2**30:.2f} GiB)" if row["largest_batch"] else "0 (over)"
+
+
+def _table(text: str, header: str) -> str:
+    """The markdown table of ``text`` that starts with ``header``, to the blank line after it."""
+    return text[text.index(header):].split("\n\n")[0]
+
+
 def _fit_json(path, *args, size="batch_per_device"):
     """Runs `memprobe fit` into a JSON file: the result, its rows by strategy, and every
     measurement by (strategy, size)."""
@@ -424,9 +434,7 @@ def test_fit_at_several_lengths_is_each_lengths_own_fit_with_the_answers_side_by
     assert "## tiny-e2b train step on cpu, 1 device: the largest per-device batch at each length within 0.08 GiB" in md.stdout
     assert md.stdout.index("seq 512: the largest") < md.stdout.index("| strategy | seq 256 | seq 512 |")
     for name in ("checkpoint", "unrolled"):
-        cells = [f"{r[name]['largest_batch']} ({r[name]['peak_bytes'] / 2**30:.2f} GiB)" if r[name]["largest_batch"]
-                 else "0 (over)" for r in rows]
-        assert f"| {name} | {cells[0]} | {cells[1]} |" in md.stdout
+        assert f"| {name} | {_cell(rows[0][name])} | {_cell(rows[1][name])} |" in md.stdout
     again = memprobe("report", str(path), "--format", "json")
     assert again.returncode == 0 and again.stdout == path.read_text()
     # Fits saved one length at a time merge into the same sweep, shorter first, in any order;
@@ -436,10 +444,8 @@ def test_fit_at_several_lengths_is_each_lengths_own_fit_with_the_answers_side_by
         assert memprobe("fit", *args, "--seq", str(seq), "--format", "json", "-o", str(saved)).returncode == 0
     merged = memprobe("report", str(alone[512]), str(alone[256]))
     assert merged.returncode == 0, merged.stderr
-
-    def side_by_side(text):
-        return text[text.index("| strategy | seq 256 | seq 512 |"):].split("\n\n")[0]
-    assert side_by_side(merged.stdout) == side_by_side(md.stdout)
+    header = "| strategy | seq 256 | seq 512 |"
+    assert _table(merged.stdout, header) == _table(md.stdout, header)
     twice = memprobe("report", str(alone[256]), str(path))
     assert twice.returncode == 2 and f"{path}: seq 256 is in {alone[256]} too" in twice.stderr
     data = json.loads(alone[512].read_text())
@@ -491,9 +497,6 @@ def test_fit_on_several_targets_is_each_targets_own_fit_with_the_answers_side_by
     assert rows[0]["unrolled"]["largest_batch"] == 1 and rows[1]["unrolled"]["largest_batch"] == 2
     assert rows[1]["unrolled"]["peak_bytes"] < rows[0]["unrolled"]["next_peak_bytes"]
 
-    def cell(row):
-        return f"{row['largest_batch']} ({row['peak_bytes'] / 2**30:.2f} GiB)" if row["largest_batch"] else "0 (over)"
-
     # Rendered again: each target's table, then the answers side by side, a column per target.
     md = memprobe("report", str(path))
     assert md.returncode == 0, md.stderr
@@ -503,16 +506,13 @@ def test_fit_on_several_targets_is_each_targets_own_fit_with_the_answers_side_by
     side = md.stdout[md.stdout.index(head):]
     assert "| strategy | cpu, 1 device | v5e:1x1, 1 device |" in side
     for name in ("checkpoint", "unrolled"):
-        assert f"| {name} | {cell(rows[0][name])} | {cell(rows[1][name])} |" in side
+        assert f"| {name} | {_cell(rows[0][name])} | {_cell(rows[1][name])} |" in side
     assert "CPU backend figures: they do not stand for any accelerator." in side and "Budgets:" not in side
     # Saved apart, the targets merge into the same table; with the cpu at seq 512 as well, the
     # cpu's two lengths are set side by side and v5e, at one length, has none.
     merged = memprobe("report", str(alone["cpu", 256]), str(alone["v5e", 256]))
     assert merged.returncode == 0, merged.stderr
-
-    def table(text):
-        return text[text.index("| strategy | cpu"):].split("\n\n")[0]
-    assert table(merged.stdout[merged.stdout.index(head):]) == table(side)
+    assert _table(merged.stdout[merged.stdout.index(head):], "| strategy | cpu") == _table(side, "| strategy | cpu")
     alone["cpu", 512] = tmp_path / "cpu512.json"
     assert memprobe("fit", *args, "--seq", "512", "--target", "cpu", "--format", "json", "-o",
                     str(alone["cpu", 512])).returncode == 0
@@ -577,9 +577,9 @@ def test_the_committed_full_size_fits_on_tpu7x_and_h100_merge_into_one_side_by_s
     side = r.stdout[r.stdout.index("## gemma4-e2b train step at seq 24576: the largest per-device batch on each "
                                    "target within each target's HBM per device"):]
     assert "| strategy | tpu7x:2x2x1, 8 devices | h100, 8 devices |" in side
-    for name in ("scan-checkpoint", "checkpoint"):
-        cells = [f"{r[name]['largest_batch']} ({r[name]['peak_bytes'] / 2**30:.2f} GiB)" for r in rows]
-        assert f"| {name} | {cells[0]} | {cells[1]} |" in side
+    for name in ("scan-checkpoint", "checkpoint"):  # every answer here is at least batch 1
+        assert all(r[name]["largest_batch"] for r in rows)
+        assert f"| {name} | {_cell(rows[0][name])} | {_cell(rows[1][name])} |" in side
     budgets = [d["budget_bytes"] for d in data]
     assert f"tpu7x:2x2x1, 8 devices 94.74 GiB ({budgets[0]:,} bytes, its HBM)" in side
     assert f"h100, 8 devices 79.11 GiB ({budgets[1]:,} bytes, its HBM)" in side
