@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from memprobe.errors import BadInput
-from memprobe.measure import GIB, OOM_ALLOCATIONS_KEPT, OVER_HBM, SIZE_UNITS, Allocation, Measurement
+from memprobe.measure import OOM_ALLOCATIONS_KEPT, OVER_HBM, SIZE_UNITS, Allocation, Measurement
 from memprobe.model_file import is_preset, model_mapping
 from memprobe.plan import CompileJob
 from memprobe.targets import Target
@@ -256,13 +256,20 @@ def _worker_main(job_path: str, result_path: str, mode: str = "compile", parent:
 
 
 _GLOG_PREFIX = re.compile(r"^[FEWI]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ")
+# A warning is never why a compile crashed (a suppressed out-of-memory warning mentions an
+# "error" in a program that went on to compile).
+_GLOG_INFO_OR_WARNING = re.compile(r"^[WI]\d{4} [\d:.]+\s+\d+ ")
 # What libtpu logs at start-up on a machine without TPUs, whatever is compiled: never a reason.
 _STARTUP_NOISE = ("TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE", "Source Location Trace", "libtpu_init_utils")
-# Error-level lines reach a compile process's log (its own file, never the user's terminal):
-# they hold what libtpu says before it refuses a program, such as running out of HBM.
-WORKER_LOG_LEVELS = {"TPU_STDERR_LOG_LEVEL": "2", "TPU_MIN_LOG_LEVEL": "2"}
-_TPU_OOM = re.compile(r"Ran out of memory in memory space (\w+)\. Used ([\d.]+)G of ([\d.]+)G \w+\. "
-                      r"Exceeded \w+ capacity by ([\d.]+)G")
+# Warning- and error-level lines reach a compile process's log (its own file, never the
+# user's terminal): they hold what libtpu says before it refuses a program. Running out of
+# HBM it logs as an error; running out of vmem, the on-chip memory its kernels work in, only
+# as a warning ("Suppressing OOM due to xla_tpu_no_crash_on_oom: ..."), measured with libtpu
+# 0.0.50, so error level alone left that refusal a bare "Invalid TPU program".
+WORKER_LOG_LEVELS = {"TPU_STDERR_LOG_LEVEL": "1", "TPU_MIN_LOG_LEVEL": "1"}
+_TPU_OOM = re.compile(r"Ran out of memory in memory space (\w+)\. Used ([\d.]+)([KMG]) of ([\d.]+)([KMG]) \w+\. "
+                      r"Exceeded \w+ capacity by [\d.]+[KMG]")
+_OOM_UNITS = {"K": "KiB", "M": "MiB", "G": "GiB"}
 _OOM_TOTAL = re.compile(r"^Total bytes: (\d+) ")
 # A line of the report: cumulative size (share); size; offset; values; their shapes.
 _OOM_ENTRY = re.compile(r"^[\d.]+\w+\(\s*\d+%\);\s*([\d.]+)(\w+);\s*(\d+);\s*(\d+);\s*(.+)$")
@@ -278,7 +285,8 @@ def _log_lines(log_path: str) -> list[str]:
 
 def _log_reason(log_path: str) -> str:
     """The most telling line a crashed compile left in its log: a failed CHECK first."""
-    lines = [l for l in _log_lines(log_path) if not any(n in l for n in _STARTUP_NOISE)]
+    lines = [l for l in _log_lines(log_path)
+             if not any(n in l for n in _STARTUP_NOISE) and not _GLOG_INFO_OR_WARNING.match(l)]
     for keys in (("Check failed",), ("RESOURCE_EXHAUSTED", "MemoryError"), ("Error", "error")):
         for line in reversed(lines):
             if any(k in line for k in keys):
@@ -301,21 +309,31 @@ def compiler_oom(log_path: str, error: str) -> Oom:
     With --xla_tpu_no_crash_on_oom it goes on to report most such programs' peaks, but
     refuses some ("Invalid TPU program")."""
     lines = _log_lines(log_path)
-    for i in range(len(lines) - 1, -1, -1):
-        m = _TPU_OOM.search(lines[i])
-        if not m:
-            continue
-        space, used, capacity, _ = m.groups()
-        exact = next((int(t.group(1)) for line in lines[i + 1: i + 4] if (t := _OOM_TOTAL.match(line))), None)
-        needed = exact or round(float(used) * GIB)  # the GiB figure, where no byte total follows
-        total = f" ({exact:,} bytes)" if exact else ""
-        allocations = _oom_allocations(lines[i + 1:])
-        largest = (f"; its largest allocation, {allocations[0].size}, held {allocations[0].shapes}"
-                   if allocations else "")
-        head = f"{OVER_HBM if space == 'hbm' else f'over memory space {space}: '}the TPU compiler needed "
-        why = f"{head}{used} GiB{total} of {capacity} GiB and refused the program ({error}){largest}"
-        return Oom(why, needed if space == "hbm" else None, allocations)
-    return Oom(error, None, [])
+    found = [i for i, line in enumerate(lines) if _TPU_OOM.search(line)]
+    if not found:
+        return Oom(error, None, [])
+    # The last error the compiler logged, its report after it: it may repeat the figures in
+    # a warning later (no report follows that). Out of vmem, a warning is all there is.
+    i = ([i for i in found if not _GLOG_INFO_OR_WARNING.match(lines[i])] or found)[-1]
+    m = _TPU_OOM.search(lines[i])
+    space, used, used_unit, capacity, capacity_unit = m.groups()
+    used, capacity = f"{used} {_OOM_UNITS[used_unit]}", f"{capacity} {_OOM_UNITS[capacity_unit]}"
+    if space != "hbm":
+        # Not a size over HBM: a kernel's working set at this shape is too large for the
+        # chip's scratch memory (seen: tiny-e2b checkpoint at seq 256 x 130 on v5e:2x2
+        # needed 128.66 MiB of vmem's 128.00; batch 128, seq 512 x 131 and one device compiled).
+        return Oom(f"out of {space}, not HBM: the TPU compiler needed {used} of the chip's {capacity} of "
+                   f"{space}{' (the on-chip memory its kernels work in)' if space == 'vmem' else ''} and "
+                   f"refused the program ({error}); this says nothing of HBM, and a neighbouring size may "
+                   "compile", None, [])
+    exact = next((int(t.group(1)) for line in lines[i + 1: i + 4] if (t := _OOM_TOTAL.match(line))), None)
+    needed = exact or round(float(m.group(2)) * SIZE_UNITS[_OOM_UNITS[used_unit].lower()])
+    total = f" ({exact:,} bytes)" if exact else ""
+    allocations = _oom_allocations(lines[i + 1:])
+    largest = (f"; its largest allocation, {allocations[0].size}, held {allocations[0].shapes}"
+               if allocations else "")
+    why = f"{OVER_HBM}the TPU compiler needed {used}{total} of {capacity} and refused the program ({error}){largest}"
+    return Oom(why, needed, allocations)
 
 
 def _oom_allocations(lines: list[str]) -> list[Allocation]:

@@ -1,6 +1,7 @@
 """One strategy's compile dying must not lose the others' rows."""
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -220,7 +221,38 @@ def test_libtpus_start_up_lines_are_never_a_compile_failures_reason(tmp_path):
         ("5.72 GiB", 2, "2×f32[512,3000000]", True), ("5.72 GiB", 7, "bf16[9]", True),
         ("1.43 GiB", 2, "2×f32[3000000,128]", False), ("915.55 MiB", 1, "f32[3000000,80]", True),
         ("915.55 MiB", 2, "2×f32[3000000,80]", False), ("512.0 KiB", 1, "bf16[512,512]", True)]
+    # libtpu logs the shortage again as a warning after the report (libtpu 0.0.50): the
+    # error with the report is still the one read.
+    with log.open("a") as f:
+        f.write("W1206 20:24:36.960927    9422 program_memory_allocator.cc:1340] Suppressing OOM due to "
+                "xla_tpu_no_crash_on_oom: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. "
+                "Used 19.89G of 15.75G hbm. Exceeded hbm capacity by 4.14G.\n")
+    assert compiler_oom(str(log), "X: Invalid TPU program.")[:2] == (why, needed)
     # Out of another memory space, it is not a size over HBM: a failure, however well explained.
     log.write_text(log.read_text().replace("memory space hbm", "memory space vmem"))
     why, needed, _ = compiler_oom(str(log), "X: Invalid TPU program.")
-    assert why.startswith("over memory space vmem: the TPU compiler needed 19.89 GiB") and needed is None
+    assert why.startswith("out of vmem, not HBM: the TPU compiler needed 19.89 GiB of the chip's 15.75 GiB of "
+                          "vmem") and needed is None
+    # A warning is never a crashed compile's reason, though libtpu's suppressed out-of-memory
+    # warnings say "error" (a crash with nothing else logged gives no reason).
+    log.write_text(startup + "W1206 20:24:36.960927    9422 program_memory_allocator.cc:1340] Suppressing OOM due "
+                   "to xla_tpu_no_crash_on_oom: XLA:TPU compile permanent error. Ran out of memory in memory space "
+                   "hbm. Used 19.89G of 15.75G hbm. Exceeded hbm capacity by 4.14G.\n")
+    assert _log_reason(str(log)) == ""
+
+
+def test_a_program_refused_out_of_vmem_says_so_and_is_no_size_over_hbm():
+    # Measured with libtpu 0.0.50: tiny-e2b's checkpoint step at seq 256 x 130 on v5e:2x2 runs
+    # out of vmem by 676 KiB, and the compiler refuses the program, logging why only as a
+    # warning. It is a failure of that size (nothing is known of its HBM), said in one line.
+    r = subprocess.run([sys.executable, "-m", "memprobe", "compare", "--model", "tiny-e2b", "--target", "v5e",
+                        "--devices", "4", "--seq", "256", "--batch", "130", "--strategies", "checkpoint",
+                        "--no-cache", "--format", "json"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 1, r.stderr
+    (row,) = json.loads(r.stdout)["comparisons"][0]["rows"]
+    assert row["status"] == "failed" and row.get("needed_bytes") is None
+    assert re.fullmatch(r"out of vmem, not HBM: the TPU compiler needed 1\d\d\.\d\d MiB of the chip's 128\.00 MiB "
+                        r"of vmem \(the on-chip memory its kernels work in\) and refused the program "
+                        r"\(JaxRuntimeError: INVALID_ARGUMENT: Invalid TPU program\.\); this says nothing of "
+                        r"HBM, and a neighbouring size may compile", row["error"]), row["error"]
+    assert "Traceback" not in r.stderr and "libtpu" not in r.stderr.lower()
