@@ -1,8 +1,8 @@
 """One strategy's compile dying must not lose the others' rows."""
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
