@@ -256,9 +256,14 @@ def _worker_main(job_path: str, result_path: str, mode: str = "compile", parent:
 
 
 _GLOG_PREFIX = re.compile(r"^[FEWI]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ")
-# A warning is never why a compile crashed (a suppressed out-of-memory warning mentions an
-# "error" in a program that went on to compile).
-_GLOG_INFO_OR_WARNING = re.compile(r"^[WI]\d{4} [\d:.]+\s+\d+ ")
+
+
+def _below_error(line: str) -> bool:
+    """An info or warning line of libtpu's log. A warning is never why a compile crashed (a
+    suppressed out-of-memory warning mentions an "error" in a program that went on to compile)."""
+    return line[:1] in "WI" and bool(_GLOG_PREFIX.match(line))
+
+
 # What libtpu logs at start-up on a machine without TPUs, whatever is compiled: never a reason.
 _STARTUP_NOISE = ("TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE", "Source Location Trace", "libtpu_init_utils")
 # Warning- and error-level lines reach a compile process's log (its own file, never the
@@ -286,7 +291,7 @@ def _log_lines(log_path: str) -> list[str]:
 def _log_reason(log_path: str) -> str:
     """The most telling line a crashed compile left in its log: a failed CHECK first."""
     lines = [l for l in _log_lines(log_path)
-             if not any(n in l for n in _STARTUP_NOISE) and not _GLOG_INFO_OR_WARNING.match(l)]
+             if not any(n in l for n in _STARTUP_NOISE) and not _below_error(l)]
     for keys in (("Check failed",), ("RESOURCE_EXHAUSTED", "MemoryError"), ("Error", "error")):
         for line in reversed(lines):
             if any(k in line for k in keys):
@@ -309,15 +314,15 @@ def compiler_oom(log_path: str, error: str) -> Oom:
     With --xla_tpu_no_crash_on_oom it goes on to report most such programs' peaks, but
     refuses some ("Invalid TPU program")."""
     lines = _log_lines(log_path)
-    found = [i for i, line in enumerate(lines) if _TPU_OOM.search(line)]
+    found = [(i, m) for i, line in enumerate(lines) if (m := _TPU_OOM.search(line))]
     if not found:
         return Oom(error, None, [])
     # The last error the compiler logged, its report after it: it may repeat the figures in
     # a warning later (no report follows that). Out of vmem, a warning is all there is.
-    i = ([i for i in found if not _GLOG_INFO_OR_WARNING.match(lines[i])] or found)[-1]
-    m = _TPU_OOM.search(lines[i])
-    space, used, used_unit, capacity, capacity_unit = m.groups()
-    used, capacity = f"{used} {_OOM_UNITS[used_unit]}", f"{capacity} {_OOM_UNITS[capacity_unit]}"
+    i, m = ([(i, m) for i, m in found if not _below_error(lines[i])] or found)[-1]
+    space, used_number, used_unit, capacity_number, capacity_unit = m.groups()
+    used = f"{used_number} {_OOM_UNITS[used_unit]}"
+    capacity = f"{capacity_number} {_OOM_UNITS[capacity_unit]}"
     if space != "hbm":
         # Not a size over HBM: a kernel's working set at this shape is too large for the
         # chip's scratch memory (seen: tiny-e2b checkpoint at seq 256 x 130 on v5e:2x2
@@ -327,7 +332,7 @@ def compiler_oom(log_path: str, error: str) -> Oom:
                    f"refused the program ({error}); this says nothing of HBM, and a neighbouring size may "
                    "compile", None, [])
     exact = next((int(t.group(1)) for line in lines[i + 1: i + 4] if (t := _OOM_TOTAL.match(line))), None)
-    needed = exact or round(float(m.group(2)) * SIZE_UNITS[_OOM_UNITS[used_unit].lower()])
+    needed = exact or round(float(used_number) * SIZE_UNITS[_OOM_UNITS[used_unit].lower()])
     total = f" ({exact:,} bytes)" if exact else ""
     allocations = _oom_allocations(lines[i + 1:])
     largest = (f"; its largest allocation, {allocations[0].size}, held {allocations[0].shapes}"
