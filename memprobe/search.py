@@ -241,15 +241,19 @@ class FitResult:
 
         a, rows = self.axis, []
         for s in self.ranked():
-            hi = s.smallest_over
-            rows.append({"strategy": s.strategy, f"largest_{a}": s.value(s.largest),
-                         "peak_bytes": s.peaks.get(s.largest), "host_bytes": s.hosts.get(s.largest),
+            # A failed search answers nothing (null), though its peaks say what it compiled.
+            failed = s.error is not None
+            hi = None if failed else s.smallest_over
+            rows.append({"strategy": s.strategy, f"largest_{a}": None if failed else s.value(s.largest),
+                         "peak_bytes": None if failed else s.peaks.get(s.largest),
+                         "host_bytes": None if failed else s.hosts.get(s.largest),
                          f"next_{a}": s.value(hi) if hi is not None else None,
                          # a refused size's: the compiler's total, as its measurement's peak
                          "next_peak_bytes": s.peaks.get(hi, s.refused.get(hi)) if hi is not None else None,
                          "next_host_bytes": s.hosts.get(hi) if hi is not None else None,
                          "next_over": s.over(hi) if hi is not None else [],
-                         "limit_reached": s.largest >= s.max_n, "error": s.error, "compiles": s.compiles,
+                         "limit_reached": not failed and s.largest >= s.max_n, "error": s.error,
+                         "compiles": s.compiles,
                          "peaks": {str(s.value(n)): p for n, p in sorted(s.peaks.items())},
                          "refused": {str(s.value(n)): b for n, b in sorted(s.refused.items())},
                          "hosts": {str(s.value(n)): h for n, h in sorted(s.hosts.items())},

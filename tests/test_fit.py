@@ -125,6 +125,34 @@ def test_a_peak_that_falls_as_the_batch_grows_is_reported_not_hidden():
     assert s.error == "seq 512: timed out" and s.compiles == 2
 
 
+def test_a_search_that_fails_midway_answers_nothing_and_its_note_says_what_it_saw():
+    # Batch 1 and 2 fit, the line through them predicts 50: batch 50 fails, 51 is over. The row
+    # once showed batch 2's peak beside "failed", and the JSON answered batch 2.
+    from memprobe.render.fit import rows
+
+    gib = 2**30
+
+    def measure(pairs):
+        return [dataclasses.replace(_record(0), status="failed", error="boom") if b == 50 else _record(b * gib)
+                for _, b in pairs]
+
+    [s] = search(["s"], 50 * gib + gib // 2, 1024, measure)
+    assert (s.error, sorted(s.peaks), s.largest, s.smallest_over) == ("batch 50: boom", [1, 2, 51], 2, 51)
+    fit = FitResult([s], [_record(gib)], 50 * gib + gib // 2, "HBM", 1024)
+    [row] = rows(fit)
+    assert row["note"] == "failed: batch 50: boom; before it stopped, batch 2 fit (2.00 GiB) and batch 51 was over HBM"
+    shown = ("#", "largest batch", "global batch", "peak GiB", "peak bytes", "% of budget", "next batch",
+             "its peak GiB", "host GiB", "next batch over")
+    assert {row[c] for c in shown if c in row} == {"-"}
+    [js] = fit.to_json()["rows"]
+    assert (js["largest_batch"], js["peak_bytes"], js["next_batch"], js["limit_reached"]) == (None, None, None, False)
+    assert js["peaks"] == {"1": gib, "2": 2 * gib, "51": 51 * gib} and js["error"] == "batch 50: boom"
+    assert fit.answers() == {"s": None}
+    # Read back, the same row.
+    again = FitResult.from_json(json.loads(json.dumps(fit.to_json())))
+    assert rows(again) == [row]
+
+
 def test_a_dip_across_the_budget_moves_the_search_above_it_and_it_ends():
     # Measured: full-size E2B scan-periods at batch 8 on tpu7x-8 needs 19.15 and 22.56 GiB at
     # seq 512 and 1024, 102.44 GiB at 11776 but 93.20 at 12288. The search once took 12288 as

@@ -29,8 +29,11 @@ def columns(fit: FitResult) -> tuple[str, ...]:
 
 
 def _note(fit: FitResult, s: StrategySearch) -> str:
-    if s.error is not None:
-        return f"failed: {s.error}"
+    if s.error is not None:  # no answer; what the search had learnt before it stopped, a bound on one
+        known = [f"{fit.axis} {s.value(s.largest)} fit ({s.peaks[s.largest] / GIB:.2f} GiB)"] if s.largest else []
+        hi = s.smallest_over
+        known += [f"{fit.axis} {s.value(hi)} was over {' and '.join(s.over(hi))}"] if hi is not None else []
+        return f"failed: {s.error}" + (f"; before it stopped, {' and '.join(known)}" if known else "")
     notes = []
     if s.largest == 0:
         notes.append(f"over {' and '.join(s.over(1)).replace('HBM', 'the budget')} at {fit.axis} {s.value(1)}")
@@ -59,20 +62,22 @@ def rows(fit: FitResult) -> list[dict[str, str]]:
     size, amount, nxt, _ = NAMES[fit.axis]
     out = []
     for i, s in enumerate(fit.ranked(), 1):
-        peak = s.peaks.get(s.largest)
-        hi = s.smallest_over
+        # A failed search has no answer: no size, peak or next size (its note says what it saw).
+        failed = s.error is not None
+        peak = None if failed else s.peaks.get(s.largest)
+        hi = None if failed else s.smallest_over
         out.append({
             "#": str(i) if s.error is None else "-",
             "strategy": s.strategy,
-            size: str(s.value(s.largest)) if s.error is None else "-",
-            amount: str(s.value(s.largest) * per_value) if s.largest and s.error is None else "-",
+            size: "-" if failed else str(s.value(s.largest)),
+            amount: str(s.value(s.largest) * per_value) if s.largest and not failed else "-",
             "peak GiB": fmt(peak / GIB if peak is not None else None),
             "peak bytes": fmt(peak, ",d"),
             "% of budget": fmt(100 * peak / fit.budget if peak is not None else None, ".0f", "%"),
             nxt: str(s.value(hi)) if hi is not None else "-",
             "its peak GiB": (fmt(s.refused[hi] / GIB) + " refused" if hi in s.refused
                              else fmt(s.peaks[hi] / GIB if hi in s.peaks else None)),
-            "host GiB": fmt(s.hosts[s.largest] / GIB if s.largest in s.hosts else None),
+            "host GiB": fmt(s.hosts[s.largest] / GIB if s.largest in s.hosts and not failed else None),
             f"{nxt} over": ", ".join(s.over(hi)) if hi is not None else "-",
             "compiles": str(s.compiles),
             "note": _note(fit, s),
