@@ -350,14 +350,20 @@ def merge_fits(loaded: list[tuple[str, list[FitResult]]]) -> list[FitResult]:
                 "budget": f.budget_source if f.budget_source == "HBM" else (f.budget, f.budget_source),
                 **setting_of(f.measurements[0], SHAPE_FIELDS + TARGET_FIELDS)}
 
-    (first_where, first), seen = fits[0], {}
+    (first_where, first), seen, sharing = fits[0], {}, {}
     expected, targets = what(first), list(dict.fromkeys(fit_target(f) for _, f in fits))
     for where, f in fits:
+        shape = "length" if f.held[0] == "seq" else "batch"
         differs = [k for k, v in what(f).items() if v != expected[k]]
         if differs:
-            shape = "length" if f.held[0] == "seq" else "batch"
             raise BadInput(f"{where}: its {differs[0]} differs from {first_where}'s: fit results merge only when "
                            f"they differ in the {shape}, the target or both")
+        # Targets may share a host among different numbers of devices; one target's fits may not.
+        other, per_host = sharing.setdefault(fit_target(f), (where, f.devices_per_host))
+        if f.devices_per_host != per_host:
+            raise BadInput(f"{where}: its devices per host ({f.devices_per_host}) differ from {other}'s "
+                           f"({per_host}) on the same target: fit results merge only when they differ in the "
+                           f"{shape}, the target or both")
         key = (fit_target(f), f.held)
         if key in seen:
             m = f.measurements[0]
