@@ -27,15 +27,20 @@ def pattern_words(kinds: list[str]) -> str:
     return " : ".join(f"{kinds.count(k.value)} {k.value}" for k in AttentionKind if k.value in kinds)
 
 
+def _counted(n: int, thing: str) -> str:
+    """'1 layer', '5 layers'."""
+    return f"{n:,} {thing}{'s' if n != 1 else ''}"
+
+
 def describe(cfg: ModelConfig) -> str:
     """Its sizes in one line, as a report names a model of the user's own."""
     pattern = pattern_words([k.value for k in cfg.attention_pattern])
     shared = (f" ({cfg.shared_mlp_hidden:,} on KV-shared layers)"
-              if cfg.shared_mlp_hidden not in (None, cfg.mlp_hidden) else "")
-    return (f"{cfg.num_layers} layers, width {cfg.width:,}, vocab {cfg.vocab_size:,}, "
-            f"{cfg.num_heads} heads ({cfg.num_kv_heads} K/V), head dim {cfg.sliding_head_dim} sliding / "
+              if cfg.num_kv_shared_layers and cfg.shared_mlp_hidden not in (None, cfg.mlp_hidden) else "")
+    return (f"{_counted(cfg.num_layers, 'layer')}, width {cfg.width:,}, vocab {cfg.vocab_size:,}, "
+            f"{_counted(cfg.num_heads, 'head')} ({cfg.num_kv_heads} K/V), head dim {cfg.sliding_head_dim} sliding / "
             f"{cfg.global_head_dim} global, MLP {cfg.mlp_hidden:,}{shared}, pattern {pattern} "
-            f"(window {cfg.sliding_window}), {cfg.num_kv_shared_layers} KV-shared layers, "
+            f"(window {cfg.sliding_window}), {_counted(cfg.num_kv_shared_layers, 'KV-shared layer')}, "
             f"per-layer dim {cfg.per_layer_dim}")
 
 

@@ -20,7 +20,7 @@ from memprobe.model import (
     default_loss_chunks,
     reference_attention,
 )
-from memprobe.model_file import KEY_HELP, is_preset, load_model_file, model_mapping, model_toml
+from memprobe.model_file import KEY_HELP, describe, is_preset, load_model_file, model_mapping, model_toml
 from memprobe.plan import resolve_model
 from memprobe.strategy import CHECKPOINT_NAMES as STRATEGY_NAMES
 
@@ -150,6 +150,16 @@ def test_a_model_file_changes_only_the_sizes_it_names(tmp_path):
     assert dataclasses.replace(cfg, name="tiny-e2b", vocab_size=512) == PRESETS["tiny-e2b"]
     # 512 more rows in the embedding (width 128) and in the per-layer table (5 layers x 16).
     assert parameter_count(cfg) - parameter_count(PRESETS["tiny-e2b"]) == 512 * (128 + 5 * 16)
+
+
+def test_a_model_files_line_counts_in_words_and_names_only_layers_it_has(tmp_path):
+    path = tmp_path / "one-global.toml"
+    path.write_text('base = "tiny-e2b"\nnum_layers = 1\nnum_kv_shared_layers = 0\nattention_pattern = ["global"]\n')
+    line = describe(load_model_file(path))
+    assert line.startswith("1 layer, width 128, vocab 512, 4 heads (1 K/V), ") and ", 0 KV-shared layers, " in line
+    # The wider MLP of KV-shared layers is said only where there are such layers.
+    assert "MLP 512, pattern 1 global (window 64)" in line
+    assert "MLP 512 (1,024 on KV-shared layers), " in describe(PRESETS["tiny-e2b"])
 
 
 def test_a_model_file_with_every_size_is_that_model(tmp_path):
