@@ -146,7 +146,8 @@ class Explanation:
     host_peak_time: int | None = None  # the first point where that many are live
     host_live_bytes: int | None = None  # host bytes live at the HBM peak (peak_time)
     combined_peak_bytes: int | None = None  # the most HBM + host bytes live at one point
-    host_curve: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (position, host bytes live), sampled; empty without host bytes
+    # (position, host bytes live), sampled; empty without host bytes
+    host_curve: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     # The host buffers live at host_peak_time, largest first (the first offloaded first among
     # equals), named as the HBM ones; and the host allocations the buffer assignment makes
     # (not arguments or outputs), to set beside memory_analysis()'s host temp. None in

@@ -11,13 +11,16 @@ from memprobe.plan import Optimizer, ParamDtype, Step
 from memprobe.render import Format
 
 Seq = Annotated[int, typer.Option("--seq", help="Sequence length (tokens per example).")]
-Batch = Annotated[int, typer.Option("--batch", help="Per-device batch (MaxText's per_device_batch_size; of each microbatch with --grad-accum).")]
+Batch = Annotated[int, typer.Option("--batch", help="Per-device batch (MaxText's per_device_batch_size; of each "
+                                    "microbatch with --grad-accum).")]
 Seqs = Annotated[str, typer.Option("--seq", metavar="<int>[,<int>...]", help="Sequence length (tokens per example); "
                                    "several, comma-separated, compare the strategies at each (a sweep).")]
 Batches = Annotated[str, typer.Option("--batch", metavar="<int>[,<int>...]", help="Per-device batch (MaxText's "
                                       "per_device_batch_size; of each microbatch with --grad-accum); several, "
                                       "comma-separated, compare the strategies at each.")]
-Model = Annotated[str, typer.Option("--model", metavar="<name|file>", help="Model preset: gemma4-e2b, gemma4-e4b, or tiny-e2b, tiny-e4b, small-deep for quick trials; or a model file of your own (my-model.toml: a preset with some sizes changed, see docs/model.md).")]
+Model = Annotated[str, typer.Option("--model", metavar="<name|file>", help="Model preset: gemma4-e2b, gemma4-e4b, or "
+                                    "tiny-e2b, tiny-e4b, small-deep for quick trials; or a model file of your own "
+                                    "(my-model.toml: a preset with some sizes changed, see docs/model.md).")]
 TARGET_NAMES = ("tpu7x, v6e, v5p, v5e, v4 (deviceless TPU; with its size as v5p:2x2x1 or as a Cloud TPU "
                 "accelerator type, v5p-8), h100, h200, b200, a100 (deviceless GPU: the gpu extra) or cpu")
 Target = Annotated[str, typer.Option("--target", metavar="<name>", help=f"{TARGET_NAMES}.")]
