@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from memprobe.measure import GIB, OVER_HBM, Measurement
+from memprobe.measure import OVER_HBM, Measurement, in_gib
 
 COLLAPSED = "collapsed"
 OFFLOAD_INERT = "offload inert"
@@ -65,16 +65,15 @@ def sanity_flags(measurements: list[Measurement]) -> dict[str, list[Flag]]:
         if m.capacity_bytes and m.peak_bytes > m.capacity_bytes:
             flags[m.strategy].append(Flag(
                 m.strategy, OVER_CAPACITY,
-                f"peak {m.peak_bytes / GIB:.2f} GiB > HBM {m.capacity_bytes / GIB:.2f} GiB"))
+                "peak {} > HBM {}".format(*in_gib(m.peak_bytes, m.capacity_bytes))))
         if m.fits_host is False:
             flags[m.strategy].append(Flag(
                 m.strategy, OVER_HOST_RAM,
-                f"host {m.host_bytes / GIB:.2f} GiB x {m.devices_per_host} devices per host = "
-                f"{m.host_bytes * m.devices_per_host / GIB:.2f} GiB > host RAM {m.host_ram_bytes / GIB:.2f} GiB"))
+                f"host {in_gib(m.host_bytes)[0]} x {m.devices_per_host} devices per host = "
+                "{} > host RAM {}".format(*in_gib(m.host_bytes * m.devices_per_host, m.host_ram_bytes))))
         if m.xla_peak_bytes is not None and m.xla_peak_bytes > m.peak_bytes:
-            why = f"XLA's peak {m.xla_peak_bytes / GIB:.2f} GiB > peak {m.peak_bytes / GIB:.2f} GiB"
-            if m.host_bytes:
-                why += f", with {m.host_bytes / GIB:.2f} GiB bound for host memory"
+            xla, peak, *host = in_gib(m.xla_peak_bytes, m.peak_bytes, *([m.host_bytes] if m.host_bytes else []))
+            why = f"XLA's peak {xla} > peak {peak}" + "".join(f", with {h} bound for host memory" for h in host)
             flags[m.strategy].append(Flag(m.strategy, XLA_PEAK_ABOVE,
                                           why + "; `memprobe explain` shows what is live in HBM"))
     for m in measurements:

@@ -14,6 +14,7 @@ CPU backend it counts only arguments and outputs.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,17 @@ if TYPE_CHECKING:
     from memprobe.targets import Target
 
 GIB = 1024**3
+
+
+def in_gib(*sizes: int) -> list[str]:
+    """Byte counts said together, as "1.25 GiB"; in bytes ("41,703,424 bytes") where two
+    different ones would read the same to two decimals of GiB, or one that is not zero would
+    read 0.00, so that a comparison never reads "0.04 GiB > 0.04 GiB"."""
+    gib = [f"{n / GIB:.2f}" for n in sizes]
+    same = any(a == b and m != n for (a, m), (b, n) in itertools.combinations(zip(gib, sizes), 2))
+    if same or any(g == "0.00" and n for g, n in zip(gib, sizes)):
+        return [f"{n:,} bytes" for n in sizes]
+    return [f"{g} GiB" for g in gib]
 
 # How a refused row's error begins (compile.compiler_oom writes it) when the TPU compiler ran
 # out of HBM and refused the program outright rather than reporting its peak; the flag that

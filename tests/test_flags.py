@@ -63,8 +63,8 @@ def test_host_ram_is_judged_for_every_device_on_the_host():
     over = {m.strategy: m for m in judged if m.fits_host is False}
     assert list(over) == ["offload-mlp"] and over["offload-mlp"].devices_per_host == 8
     [flag] = [f for f in sanity_flags(judged)["offload-mlp"] if f.kind == OVER_HOST_RAM]
-    assert flag.reason == (f"host 153.75 GiB x 8 devices per host = {need / 2**30:.2f} GiB > "
-                           f"host RAM {(need - 1) / 2**30:.2f} GiB")
+    # One byte apart, the two read the same in GiB: they are said in bytes.
+    assert flag.reason == f"host 153.75 GiB x 8 devices per host = {need:,} bytes > host RAM {need - 1:,} bytes"
 
     # The verdict says both things offload-mlp is over; the flags column repeats neither.
     df = comparison_frame(judged).set_index("strategy")
@@ -93,3 +93,17 @@ def test_host_ram_is_refused_where_it_cannot_apply():
                                strategies=["checkpoint"])["checkpoint"])
     with pytest.raises(BadInput, match="no row is for a target with host memory"):
         with_host_ram([cpu], 1024**4)
+
+
+def test_sizes_said_together_never_read_the_same_in_gib_when_they_differ():
+    from memprobe.measure import in_gib
+
+    gib = 2**30
+    assert in_gib(90 * gib, 84 * gib + gib // 2) == ["90.00 GiB", "84.50 GiB"]
+    assert in_gib(15 * gib) == ["15.00 GiB"] and in_gib(0) == ["0.00 GiB"]
+    # Measured: tiny-e2b offload at seq 512 x 2 on v5e:2x2 (`memprobe compare`), XLA's peak over
+    # the peak, both about 0.04 GiB, with 1.25 MiB bound for host memory: the flag once read
+    # "XLA's peak 0.04 GiB > peak 0.04 GiB, with 0.00 GiB bound for host memory".
+    assert in_gib(41_998_336, 40_138_240, 1_310_720) == ["41,998,336 bytes", "40,138,240 bytes", "1,310,720 bytes"]
+    assert in_gib(1_310_720) == ["1,310,720 bytes"]
+    assert in_gib(2 * gib, 2 * gib) == ["2.00 GiB", "2.00 GiB"]  # equal: nothing hidden

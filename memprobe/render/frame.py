@@ -12,7 +12,7 @@ import math
 import pandas as pd
 
 from memprobe.flags import OVER_CAPACITY, OVER_HOST_RAM, VERDICT_FLAGS, sanity_flags
-from memprobe.measure import GIB, Measurement, flops_ratio
+from memprobe.measure import GIB, Measurement, flops_ratio, in_gib
 from memprobe.model_file import describe, model_from_mapping
 from memprobe.plan import recipe, shape_label
 from memprobe.result import SHAPE_FIELDS, TARGET_FIELDS, setting_of
@@ -184,7 +184,7 @@ def answer(group: list[Measurement], places: int = 2) -> Answer | None:
     if not fitting:
         over = []
         if low.fits is False:
-            over.append(f"{(low.peak_bytes - low.capacity_bytes) / GIB:.2f} GiB over the "
+            over.append(f"{in_gib(low.peak_bytes - low.capacity_bytes)[0]} over the "
                         f"{low.capacity_bytes / GIB:.2f} GiB of HBM")
         if low.fits_host is False:
             over.append("its host bytes over the host's RAM")
