@@ -24,8 +24,9 @@ use (``heap_top_bytes``) reaches exactly the allocation's size.
 The buffer assignment also gives the allocations that are not in the heap: other HBM
 allocations that are not arguments or outputs (constants: ``fixed_bytes``) and those of
 the device's on-chip memory spaces (VMEM, SMEM: ``onchip_bytes``). On TPU,
-``memory_analysis().temp_size_in_bytes`` exceeds the sum of all of these: the render splits
-the peak accordingly (render/explain.py).
+``memory_analysis().temp_size_in_bytes`` exceeds the heap and the constants, but not always
+the on-chip memory too (a small program can have more VMEM than that excess): the render
+splits the peak by the HBM figures and names the on-chip memory apart (render/explain.py).
 
 Host memory (memory space 5, where offload puts bytes; the TPU dump's memory report calls
 it ``cmem``, but its allocations add up to ``host_temp_size_in_bytes`` to the byte, 153.75

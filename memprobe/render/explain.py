@@ -3,8 +3,9 @@ two-strategy diff, the heap curve.
 
 Every format is built from the same frames (``buffers_frame``, ``host_frame``,
 ``diff_frame``) and notes; the notes split the peak into the buffers live at HBM's busiest
-point and the four things that are not (heap gaps, on-chip memory, temp placed nowhere,
-arguments not live there), and set the host allocations beside the host temp. The chart
+point and the three things that are not (heap gaps, temp no HBM allocation holds, arguments
+not live there), name the on-chip memory apart, and set the host allocations beside the host
+temp. The chart
 draws the sampled curves with the peak marked.
 """
 
@@ -160,19 +161,29 @@ def oom_notes(m: Measurement) -> list[str]:
 
 
 def peak_parts(m: Measurement, e: Explanation) -> dict[str, int]:
-    """The peak, split into the buffers live at HBM's busiest point and the four things that
-    are not; each part is a difference of the compiler's own figures, and they sum to the peak."""
+    """The peak, split into the buffers live at HBM's busiest point and the three things that
+    are not; each part is a difference of the compiler's own figures, and they sum to the peak.
+    On-chip memory (VMEM, SMEM) is no part: it is not HBM, and temp does not hold all of it
+    (see ``ONCHIP_NOTE``)."""
     live_outside_heap = e.peak_live_bytes - e.heap_live_bytes  # arguments, outputs, constants live there
     constants = 0 if m.platform in CONSTANTS_BESIDE_TEMP else e.fixed_bytes  # the part of temp they are
     return {"live": e.peak_live_bytes,
             "heap_gaps": e.heap_bytes - e.heap_live_bytes,
-            "onchip": e.onchip_bytes,
-            "unplaced_temp": m.temp_bytes - e.heap_bytes - e.onchip_bytes - constants,
+            "unplaced_temp": m.temp_bytes - e.heap_bytes - constants,
             "not_live": m.argument_bytes + m.output_bytes - m.alias_bytes + constants - live_outside_heap}
 
 
-# Where temp leaves the constants out. On TPU temp counts them with the heap and the
-# on-chip allocations. The GPU compiler's temp is its heap to the byte (H100: tiny E2B and
+# Why on-chip memory is no part of the peak's split. memprobe once counted it into temp: on
+# tiny E2B unrolled at seq 512 x 2 the buffer assignment's VMEM (53,723,648 B on v5e:2x2,
+# 21,987,840 on v5p:2x2x1, 61,149,184 on tpu7x:2x2x1) is more than all of temp beyond the
+# HBM heap and constants (11,967,488, 16,612,416 and 22,287,200 B), so "temp placed nowhere"
+# read -41,775,948 B on v5e. The TPU compiler budgets VMEM apart (it refuses a program out of
+# vmem against the chip's 128 MiB on v5e, not against HBM).
+ONCHIP_NOTE = "on-chip memory (VMEM, SMEM), not HBM and no part of the peak"
+
+
+# Where temp leaves the constants out. On TPU they are taken as part of temp, with the heap
+# (temp exceeds the two on every TPU program measured). The GPU compiler's temp is its heap to the byte (H100: tiny E2B and
 # full-size E2B checkpoint and offload), its constants (16,170 bytes at full size) beside
 # it; counting them into temp there read as a few KB of negative "unplaced" temp. So does
 # the CPU backend's (tiny E2B at 256 x 1: checkpoint's temp is its heap, 15,130,152 B, and
@@ -187,7 +198,6 @@ def _memory(m: Measurement) -> str:
 
 PART_NAMES = {"live": "buffers live at the busiest point (the rows)",
               "heap_gaps": "heap space no live value fills there",
-              "onchip": "on-chip memory (VMEM, SMEM) counted as temp",
               "unplaced_temp": "temp the buffer assignment places nowhere",
               "not_live": "arguments, outputs and constants not live there"}
 
@@ -269,13 +279,14 @@ def _what_note(names_loops: bool) -> str:
 
 def explain_notes(m: Measurement, e: Explanation, command: str | None = None) -> list[str]:
     parts = peak_parts(m, e)
-    rest = "; ".join(f"{PART_NAMES[k]} {_amount(parts[k])}" for k in ("heap_gaps", "onchip", "unplaced_temp", "not_live"))
+    rest = "; ".join(f"{PART_NAMES[k]} {_amount(parts[k])}" for k in ("heap_gaps", "unplaced_temp", "not_live"))
     out = [f"Peak (compiler estimate, per device): {_amount(m.peak_bytes)} = argument + output - alias + temp.",
            f"Busiest point of {_memory(m)}: instruction {e.peak_time:,} of {e.program_length:,}, {len(e.buffers):,} "
            f"buffers live: {_amount(e.peak_live_bytes)}, of which {_amount(e.heap_live_bytes)} in the compiler's "
            f"temporary heap ({_amount(e.heap_bytes)}, as far as its placement of values reaches) and the rest "
            "arguments, outputs and constants.",
            f"The rest of the peak is not a buffer live in {_memory(m)} there: {rest}.",
+           *([f"Beside it, {ONCHIP_NOTE}: {_amount(e.onchip_bytes)}."] if e.onchip_bytes else []),
            *_xla_peak_note(m, e),
            *_host_note(e),
            _what_note(e.names_loops)]
@@ -310,8 +321,10 @@ def diff_notes(a: tuple[Measurement, Explanation], b: tuple[Measurement, Explana
     gap = mb.peak_bytes - ma.peak_bytes
     pa, pb = peak_parts(ma, ea), peak_parts(mb, eb)
     split = "; ".join(f"{PART_NAMES[k]} {_amount(pb[k] - pa[k], sign=True)}" for k in PART_NAMES)
+    onchip = (f"Beside it, {ONCHIP_NOTE}: {mb.strategy} - {ma.strategy} "
+              f"{_amount(eb.onchip_bytes - ea.onchip_bytes, sign=True)}." if ea.onchip_bytes or eb.onchip_bytes else "")
     out = [f"Peak {mb.strategy} - {ma.strategy}: {_amount(gap, sign=True)}, compiler estimates per device.",
-           f"Of the difference: {split}.",
+           f"Of the difference: {split}.", *([onchip] if onchip else []),
            *_host_diff_note(a, b),
            "Rows: buffers live at each strategy's busiest point, grouped by what they are and their shape, "
            "largest difference first.", *model_note(ma), versions_line(ma)]
