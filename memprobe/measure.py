@@ -36,6 +36,7 @@ def in_gib(*sizes: int) -> list[str]:
         return [f"{n:,} bytes" for n in sizes]
     return [f"{g} GiB" for g in gib]
 
+
 # How a refused row's error begins (compile.compiler_oom writes it) when the TPU compiler ran
 # out of HBM and refused the program outright rather than reporting its peak; the flag that
 # gives the reason leaves it out, its kind saying as much.

@@ -486,9 +486,9 @@ def test_fit_at_several_lengths_is_each_lengths_own_fit_with_the_answers_side_by
     alone[512].write_text(json.dumps({**data, "host_ram_bytes": 2**30, "devices_per_host": 2}))
     shared = memprobe("report", str(alone[256]), str(alone[512]))
     assert shared.returncode == 2, shared.stdout
-    assert shared.stderr.strip() == (f"memprobe: error: {alone[512]}: its devices per host (2) differ from {alone[256]}'s (1) "
-                                     "on the same target: fit results merge only when they differ in the length, "
-                                     "the target or both")
+    assert shared.stderr.strip() == (f"memprobe: error: {alone[512]}: its devices per host (2) differ from "
+                                     f"{alone[256]}'s (1) on the same target: fit results merge only when they "
+                                     "differ in the length, the target or both")
     # The library: a list of lengths gives a list of fits (from the cache), one length a fit.
     found = api.fit(seq=[256, 512], model="tiny-e2b", target="cpu", budget="80MiB", strategies=["checkpoint", "unrolled"])
     assert [f.answers() for f in found] == [{n: r[n]["largest_batch"] for n in r} for r in rows]

@@ -3,10 +3,9 @@ two-strategy diff, the heap curve.
 
 Every format is built from the same frames (``buffers_frame``, ``host_frame``,
 ``diff_frame``) and notes; the notes split the peak into the buffers live at HBM's busiest
-point and the three things that are not (heap gaps, temp no HBM allocation holds, arguments
-not live there), name the on-chip memory apart, and set the host allocations beside the host
-temp. The chart
-draws the sampled curves with the peak marked.
+point and the three things that are not (heap gaps, temp placed nowhere, arguments not live
+there), name the on-chip memory apart, and set the host allocations beside the host temp.
+The chart draws the sampled curves with the peak marked.
 """
 
 from __future__ import annotations
@@ -183,11 +182,12 @@ ONCHIP_NOTE = "on-chip memory (VMEM, SMEM), not HBM and no part of the peak"
 
 
 # Where temp leaves the constants out. On TPU they are taken as part of temp, with the heap
-# (temp exceeds the two on every TPU program measured). The GPU compiler's temp is its heap to the byte (H100: tiny E2B and
-# full-size E2B checkpoint and offload), its constants (16,170 bytes at full size) beside
-# it; counting them into temp there read as a few KB of negative "unplaced" temp. So does
-# the CPU backend's (tiny E2B at 256 x 1: checkpoint's temp is its heap, 15,130,152 B, and
-# its 2,444 B of constants read as -2,444 B of temp placed nowhere).
+# (temp exceeds the two on every TPU program measured). The GPU compiler's temp is its heap
+# to the byte (H100: tiny E2B and full-size E2B checkpoint and offload), its constants
+# (16,170 bytes at full size) beside it; counting them into temp there read as a few KB of
+# negative "unplaced" temp. So does the CPU backend's (tiny E2B at 256 x 1: checkpoint's temp
+# is its heap, 15,130,152 B, and its 2,444 B of constants read as -2,444 B of temp placed
+# nowhere).
 CONSTANTS_BESIDE_TEMP = frozenset({"cuda", "cpu"})
 
 
