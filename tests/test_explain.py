@@ -286,6 +286,14 @@ def test_on_chip_memory_is_no_part_of_the_peaks_split_and_no_part_goes_negative(
     assert sum(parts.values()) == m.peak_bytes and min(parts.values()) >= 0, parts
     notes = explain_notes(m, e)
     assert f"Beside it, {ONCHIP_NOTE}: " in "\n".join(notes) and " -" not in notes[2], notes[2]
+    # The same small program has XLA's peak above memprobe's (about 58 MiB against 40), and
+    # the row is flagged for it, as only E4B offload-mlp is at full size (test_flags).
+    from memprobe.flags import XLA_PEAK_ABOVE, sanity_flags
+
+    [flag] = [f for f in sanity_flags([m])["unrolled"] if f.kind == XLA_PEAK_ABOVE]
+    assert m.xla_peak_bytes > 1.4 * m.peak_bytes
+    assert flag.reason == (f"XLA's peak {m.xla_peak_bytes / 2**30:.2f} GiB > peak {m.peak_bytes / 2**30:.2f} GiB; "
+                           "`memprobe explain` shows what is live in HBM")
 
 
 def test_hbm_live_bytes_leave_out_other_memory_spaces_and_count_a_shared_address_once():

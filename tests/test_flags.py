@@ -23,9 +23,9 @@ def test_over_capacity_is_flagged_with_the_figures():
 
 
 def test_xla_peak_above_the_peak_is_flagged_on_the_one_full_size_row_that_shows_it():
-    # No small configuration reproduces it, and a full-size E4B compile takes 25 minutes, so
-    # this reads the committed full-size results (real compiles, see docs/findings.md). Only E4B
-    # offload-mlp has XLA's peak above argument + output - alias + temp.
+    # A full-size E4B compile takes 25 minutes, so this reads the committed full-size results
+    # (real compiles, see docs/findings.md). Only E4B offload-mlp has XLA's peak above
+    # argument + output - alias + temp there; a tiny program that has it is in test_explain.
     flagged = {}
     for path in sorted(REPORTS.glob("gemma4-*-tpu7x-8.json")) + sorted(REPORTS.glob("gemma4-*-h100-8.json")):
         for group in Result.load(path).comparisons:
