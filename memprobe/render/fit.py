@@ -67,7 +67,7 @@ def rows(fit: FitResult) -> list[dict[str, str]]:
         peak = None if failed else s.peaks.get(s.largest)
         hi = None if failed else s.smallest_over
         out.append({
-            "#": str(i) if s.error is None else "-",
+            "#": "-" if failed else str(i),
             "strategy": s.strategy,
             size: "-" if failed else str(s.value(s.largest)),
             amount: str(s.value(s.largest) * per_value) if s.largest and not failed else "-",
