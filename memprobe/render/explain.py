@@ -322,7 +322,8 @@ def diff_notes(a: tuple[Measurement, Explanation], b: tuple[Measurement, Explana
     pa, pb = peak_parts(ma, ea), peak_parts(mb, eb)
     split = "; ".join(f"{PART_NAMES[k]} {_amount(pb[k] - pa[k], sign=True)}" for k in PART_NAMES)
     onchip = ([f"Beside it, {ONCHIP_NOTE}: {mb.strategy} - {ma.strategy} "
-               f"{_amount(eb.onchip_bytes - ea.onchip_bytes, sign=True)}."] if ea.onchip_bytes or eb.onchip_bytes else [])
+               f"{_amount(eb.onchip_bytes - ea.onchip_bytes, sign=True)}."]
+              if ea.onchip_bytes or eb.onchip_bytes else [])
     out = [f"Peak {mb.strategy} - {ma.strategy}: {_amount(gap, sign=True)}, compiler estimates per device.",
            f"Of the difference: {split}.", *onchip,
            *_host_diff_note(a, b),
