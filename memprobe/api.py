@@ -25,7 +25,7 @@ from memprobe.render import DEFAULT_TOP
 from memprobe.result import Result, read_json
 from memprobe.search import AXES, FitResult, RoundRunner, fit_sweep, search_axis
 from memprobe.strategy import DEFAULT_STRATEGIES, Strategy, load_catalogue, select
-from memprobe.targets import DEFAULT_TARGET, require_backend, resolve_target
+from memprobe.targets import require_backend, resolve_target, target_or_default
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 OnEvent = Callable[[str, str, float], None]
 
 
-def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: str = DEFAULT_TARGET,
+def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: str | None = None,
                  devices: int | None = None, topology: str | None = None,
                  strategies: Sequence[str | Strategy] | str | None = None,
                  strategy_files: Iterable[Path] = (), strategies_dirs: Iterable[Path] = (),
@@ -64,6 +64,7 @@ def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: st
             s = s if isinstance(s, Strategy) else select(catalogue, [s])[0]
             named.setdefault(s.name, s)
         chosen = list(named.values())
+    target = target_or_default(target, topology)
     where = resolve_target(target, devices, topology)
     require_backend(where)
     skipped = [s.name for s in chosen if s.offload and not where.has_host_memory] if implicit else []
@@ -110,6 +111,13 @@ def run(plan: Plan | Sequence[Plan], *, jobs: int | None = None, timeout_s: floa
                                    on_event=on_event))
 
 
+def target_names(target: str | Sequence[str] | None, topology: str | None) -> list[str]:
+    """One target or several, as a list; none given, the default (see ``target_or_default``)."""
+    if target is None or isinstance(target, str):
+        return [target_or_default(target, topology)]
+    return list(target)
+
+
 def listed(value: int | Sequence[int], option: str) -> list[int]:
     """One value or several (a sweep), as a list; an empty list is refused."""
     values = list(value) if isinstance(value, (list, tuple)) else [value]
@@ -129,7 +137,7 @@ def compile_labelled(wanted: list[CompileJob], labels: list[str], *, jobs: int |
 
 
 def compare(*, seq: int | Sequence[int] = 24576, batch: int | Sequence[int] = 8, model: str = DEFAULT_MODEL,
-            target: str | Sequence[str] = DEFAULT_TARGET, devices: int | None = None,
+            target: str | Sequence[str] | None = None, devices: int | None = None,
             topology: str | None = None, strategies: Sequence[str | Strategy] | str | None = None,
             strategy_files: Iterable[Path] = (), strategies_dirs: Iterable[Path] = (),
             loss_chunks: int | None = None, step: Step | str = Step.TRAIN,
@@ -138,7 +146,8 @@ def compare(*, seq: int | Sequence[int] = 24576, batch: int | Sequence[int] = 8,
             timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True, max_host_bytes: int | None = None,
             on_event: OnEvent | None = None) -> Result:
     """`memprobe compare` as a call: the train step of ``model`` (a preset's name, or a model
-    file's path, "my-model.toml") compiled for ``target`` under each strategy (names,
+    file's path, "my-model.toml") compiled for ``target`` (default tpu7x, or the TPU kind a
+    ``topology`` like v5p:2x2x1 names) under each strategy (names,
     ``Strategy`` objects or "all"; default the four families, less the offload one where the
     target has no host memory), per-device peak figures in the result.
 
@@ -150,7 +159,7 @@ def compare(*, seq: int | Sequence[int] = 24576, batch: int | Sequence[int] = 8,
     ("checkpoint @ seq 8192"). ``target`` may be a list too: every strategy on each target
     (at each shape), one comparison per target and shape ("checkpoint @ h100 (8 devices)")."""
     plans, _ = resolve_plans(seq=listed(seq, "seq"), batch=listed(batch, "batch"),
-                             target=[target] if isinstance(target, str) else list(target), devices=devices,
+                             target=target_names(target, topology), devices=devices,
                              topology=topology, loss_chunks=loss_chunks, model=model, strategies=strategies,
                              strategy_files=strategy_files, strategies_dirs=strategies_dirs, step=step,
                              optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)
@@ -175,7 +184,7 @@ def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: 
 
 def fit(*, vary: str = "batch", seq: int | Sequence[int] | None = None, batch: int | Sequence[int] | None = None,
         model: str = DEFAULT_MODEL,
-        target: str | Sequence[str] = DEFAULT_TARGET, devices: int | None = None, topology: str | None = None,
+        target: str | Sequence[str] | None = None, devices: int | None = None, topology: str | None = None,
         strategies: Sequence[str | Strategy] | str | None = None, strategy_files: Iterable[Path] = (),
         strategies_dirs: Iterable[Path] = (), loss_chunks: int | None = None, step: Step | str = Step.TRAIN,
         optimizer: Optimizer | str | None = None, param_dtype: ParamDtype | str = ParamDtype.FP32,
@@ -206,8 +215,8 @@ def fit(*, vary: str = "batch", seq: int | Sequence[int] | None = None, batch: i
     seqs, batches = (None if v is None else listed(v, name) for v, name in ((seq, "seq"), (batch, "batch")))
     axis, unit, max_n, seq0, batch0 = search_axis(vary, seqs and seqs[0], batches and batches[0], max_batch,
                                                   max_seq, loss_chunks)
-    plans, skipped = resolve_plans(seq=[seq0], batch=[batch0], target=[target] if isinstance(target, str)
-                                   else list(target), devices=devices, topology=topology, loss_chunks=loss_chunks,
+    plans, skipped = resolve_plans(seq=[seq0], batch=[batch0], target=target_names(target, topology),
+                                   devices=devices, topology=topology, loss_chunks=loss_chunks,
                                    model=model, strategies=strategies, strategy_files=strategy_files,
                                    strategies_dirs=strategies_dirs, step=step, optimizer=optimizer,
                                    param_dtype=param_dtype, grad_accum=grad_accum)
@@ -228,11 +237,12 @@ def fit(*, vary: str = "batch", seq: int | Sequence[int] | None = None, batch: i
     fixed = (seqs or [seq0]) if axis == "batch" else (batches or [batch0])
     found = fit_sweep(plans, axis, unit, max_n, each_round, fixed, loss_chunks, budget=budget, host_ram=host_ram,
                       devices_per_host=devices_per_host)
-    return found if isinstance(asked, (list, tuple)) or not isinstance(target, str) else found[0]
+    one_target = target is None or isinstance(target, str)
+    return found if isinstance(asked, (list, tuple)) or not one_target else found[0]
 
 
 def explain(strategy: str | Strategy | None = None, *, diff: Sequence[str | Strategy] | None = None,
-            seq: int = 24576, batch: int = 8, model: str = DEFAULT_MODEL, target: str = DEFAULT_TARGET,
+            seq: int = 24576, batch: int = 8, model: str = DEFAULT_MODEL, target: str | None = None,
             devices: int | None = None, topology: str | None = None, strategy_files: Iterable[Path] = (),
             strategies_dirs: Iterable[Path] = (), loss_chunks: int | None = None, step: Step | str = Step.TRAIN,
             optimizer: Optimizer | str | None = None, param_dtype: ParamDtype | str = ParamDtype.FP32,

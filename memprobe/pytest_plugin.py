@@ -22,22 +22,23 @@ from memprobe.errors import MemprobeError
 from memprobe.measure import GIB, Measurement, parse_size
 
 
-def measure(*, model: str, seq: int, batch: int, strategy: str = "scan-checkpoint", target: str = "tpu7x",
+def measure(*, model: str, seq: int, batch: int, strategy: str = "scan-checkpoint", target: str | None = None,
             devices: int | None = None, topology: str | None = None, step: str = "train",
             optimizer: str | None = None, param_dtype: str = "fp32", grad_accum: int = 1,
             loss_chunks: int | None = None, strategy_file: str | None = None,
             timeout: float = 3600.0) -> Measurement:
-    """Compiles one configuration (or answers from the results cache) and returns its record."""
+    """Compiles one configuration (or answers from the results cache) and returns its record;
+    ``target`` defaults to tpu7x, or to the TPU kind a ``topology`` like v5p:2x2x1 names."""
     # Imported here, not at plugin load: a project's pytest start-up should not import JAX.
     from memprobe.cache import ResultCache
     from memprobe.compile import compile_jobs
     from memprobe.plan import make_plan
     from memprobe.strategy import load_catalogue, select
-    from memprobe.targets import resolve_target
+    from memprobe.targets import resolve_target, target_or_default
 
     catalogue = load_catalogue([strategy_file] if strategy_file else ())
     plan = make_plan(model=model, strategies=select(catalogue, [strategy]),
-                     target=resolve_target(target, devices, topology), seq_len=seq, batch_per_device=batch,
+                     target=resolve_target(target_or_default(target, topology), devices, topology), seq_len=seq, batch_per_device=batch,
                      loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype,
                      grad_accum=grad_accum)
     [m] = compile_jobs(plan.jobs(), timeout_s=timeout, cache=ResultCache())

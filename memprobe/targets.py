@@ -63,6 +63,21 @@ _SHAPES_2D = {1: "1x1", 2: "1x2", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: 
 
 DEFAULT_TARGET = "tpu7x"
 
+
+def target_or_default(name: str | None, topology: str | None = None) -> str:
+    """--target as given; left out, the TPU kind a --topology like v5p:2x2x1 names, or else
+    the default target (tpu7x), so that `--topology v5p:2x2x1` alone means a v5p slice."""
+    if name is not None:
+        return name
+    kind = _topology_kind(topology)
+    return kind or DEFAULT_TARGET
+
+
+def _topology_kind(topology: str | None) -> str | None:
+    """The TPU kind a topology names before its shape (v5p of v5p:2x2x1), if any."""
+    m = re.match(r"([a-z0-9]+)[:=_]", topology or "")
+    return m.group(1) if m and m.group(1) in TPU_KINDS else None
+
 # GPU targets: the compiler target configs (GpuTargetConfigProto, text format) that the
 # installed JAX CUDA plugin ships, by their device_description_str. The plugin is read,
 # not copied, so capacities and compiler parameters always match the compiler in use.
@@ -108,6 +123,17 @@ def _tpu_topology_devices(kind: TpuKind, topology: str, option: str = "--topolog
     return math.prod(int(a) for a in m.group(1).split("x")) * kind.devices_per_chip
 
 
+def _with_kind(kind: str, topology: str, target: str) -> str:
+    """A --topology with the target's kind before its shape (2x2x1 -> v5p:2x2x1); one that
+    names another kind (v5e:2x2 for --target v5p) is refused rather than read as v5p's."""
+    other = _topology_kind(topology)
+    if other is not None and other != kind:
+        named = target if target == kind else f"{target} (a {kind})"
+        raise BadInput(f"--topology {topology} is for {other}, not for --target {named}; leave --target "
+                       f"out, or give --target {other}")
+    return topology if other else f"{kind}:{topology}"
+
+
 def _split_target(name: str, devices: int | None, topology: str | None):
     """--target as a kind and topology (v5p:2x2x1) or a Cloud TPU accelerator type (v5p-8,
     v5litepod-16) taken apart: (kind, devices, topology, and the options that the topology
@@ -131,7 +157,7 @@ def _split_target(name: str, devices: int | None, topology: str | None):
     if devices is not None and devices != n:
         raise BadInput(f"--devices {devices} contradicts --target {name} ({n} devices)")
     if topology:
-        topology = topology if topology.startswith(kind.name) else f"{kind.name}:{topology}"
+        topology = _with_kind(kind.name, topology, name)
         if _tpu_topology_devices(kind, topology) != n:
             raise BadInput(f"--target {name} ({n} devices) contradicts --topology {topology}")
     return kind.name, n, topology, "--topology", f"--target {name}"
@@ -158,8 +184,7 @@ def resolve_target(name: str, devices: int | None = None, topology: str | None =
         raise unknown("target", name, [*TPU_KINDS, *GPU_KINDS, "cpu"])
     kind = TPU_KINDS[name]
     if topology:
-        if not topology.startswith(name):
-            topology = f"{name}:{topology}"
+        topology = _with_kind(name, topology, name)
         n = _tpu_topology_devices(kind, topology, option)
         if devices is not None and devices != n:
             raise BadInput(f"--devices {devices} contradicts {option} {topology} ({n} devices)")

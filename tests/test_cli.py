@@ -105,6 +105,13 @@ COMPARE_BAD = [
     (["--target", "v5p-7"], "--target v5p-7: v5p accelerator types count TensorCores, 2 per device, so 7 is not"),
     (["--target", "v5p-8", "--devices", "8"], "--devices 8 contradicts --target v5p-8 (4 devices)"),
     (["--target", "v5p-8", "--topology", "v5p:2x2x2"], "--target v5p-8 (4 devices) contradicts --topology v5p:2x2x2"),
+    # A topology that names its kind is that kind's, never read as the target's ('v5p:v5e:2x2').
+    (["--target", "v5p", "--topology", "v5e:2x2"],
+     "--topology v5e:2x2 is for v5e, not for --target v5p; leave --target out, or give --target v5e"),
+    (["--target", "v5p-8", "--topology", "v5e:2x2"],
+     "--topology v5e:2x2 is for v5e, not for --target v5p-8 (a v5p); leave --target out, or give --target v5e"),
+    (["--target", "tpu7x", "--topology", "v5p:2x2x1"],
+     "--topology v5p:2x2x1 is for v5p, not for --target tpu7x; leave --target out, or give --target v5p"),
     (["--target", "tpu7x-3"], "--target tpu7x-3: tpu7x has 2 devices per chip, so 3 is not a whole number of chips"),
     (["--target", "v6e-0"], "--target v6e-0: an accelerator type counts TensorCores, at least 1"),
     (["--target", "v5p:2x2x1x1"], "--target: 'v5p:2x2x1x1' is not a v5p topology like v5p:2x2x1"),
@@ -170,6 +177,13 @@ def test_bad_input_is_one_line_and_exit_2(command, args, message):
      "libtpu rejects the topology 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "
      "divisible by the given (or default) chips_per_host_bounds \"2x2x1\""),
     (["--target", "v5p:9x9x9", "--model", "tiny-e2b", "--seq", "512"],
+     "libtpu rejects the topology 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "
+     "divisible by the given (or default) chips_per_host_bounds \"2x2x1\""),
+    # Without --target, a topology that names its kind picks the target: libtpu is asked for v5p.
+    (["--topology", "v5p:9x9x9", "--model", "tiny-e2b", "--seq", "512"],
+     "libtpu rejects the topology 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "
+     "divisible by the given (or default) chips_per_host_bounds \"2x2x1\""),
+    (["fit", "--topology", "v5p:9x9x9", "--model", "tiny-e2b", "--seq", "512"],
      "libtpu rejects the topology 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "
      "divisible by the given (or default) chips_per_host_bounds \"2x2x1\""),
 ])

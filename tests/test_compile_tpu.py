@@ -11,7 +11,7 @@ from memprobe.compile import compile_job, explain_job
 from memprobe.flags import COLLAPSED, OFFLOAD_INERT, sanity_flags
 from conftest import jobs_for
 from memprobe.strategy import DEFAULT_STRATEGIES, load_catalogue
-from memprobe.targets import TPU_KINDS, resolve_target
+from memprobe.targets import TPU_KINDS, resolve_target, target_or_default
 
 TPU_STRATEGIES = (*DEFAULT_STRATEGIES, "scan-offload")
 
@@ -180,6 +180,7 @@ def test_devices_per_host_is_how_libtpu_lays_out_hosts(topology):
     name = topology.split(":")[0]
     target = resolve_target(name, topology=topology)
     assert resolve_target(topology) == target  # --target v5p:2x2x2 is --target v5p --topology v5p:2x2x2
+    assert resolve_target(target_or_default(None, topology), topology=topology) == target  # and --topology alone
     assert target.label == ("v5e:1x1 (1 device)" if topology == "v5e:1x1" else f"{topology} ({target.num_devices} devices)")
     per_process = Counter(d.process_index for d in make_devices(target))
     assert set(per_process.values()) == {devices_per_host("tpu", name, target.num_devices, topology)}

@@ -9,6 +9,7 @@ import typer
 
 from memprobe.plan import Optimizer, ParamDtype, Step
 from memprobe.render import Format
+from memprobe.targets import DEFAULT_TARGET
 
 Seq = Annotated[int, typer.Option("--seq", help="Sequence length (tokens per example).")]
 Batch = Annotated[int, typer.Option("--batch", help="Per-device batch (MaxText's per_device_batch_size; of each "
@@ -23,11 +24,13 @@ Model = Annotated[str, typer.Option("--model", metavar="<name|file>", help="Mode
                                     "(my-model.toml: a preset with some sizes changed, see docs/model.md).")]
 TARGET_NAMES = ("tpu7x, v6e, v5p, v5e, v4 (deviceless TPU; with its size as v5p:2x2x1 or as a Cloud TPU "
                 "accelerator type, v5p-8), h100, h200, b200, a100 (deviceless GPU: the gpu extra) or cpu")
-Target = Annotated[str, typer.Option("--target", metavar="<name>", help=f"{TARGET_NAMES}.")]
-Targets = Annotated[str, typer.Option("--target", metavar="<name>[,<name>...]", help=f"{TARGET_NAMES}; several, "
-                                      "comma-separated, compare the strategies on each.")]
+TARGET_DEFAULT = f"Default: {DEFAULT_TARGET}, or the TPU kind that --topology names (v5p of v5p:2x2x1)."
+Target = Annotated[str | None, typer.Option("--target", metavar="<name>", help=f"{TARGET_NAMES}. {TARGET_DEFAULT}")]
+Targets = Annotated[str | None, typer.Option(
+    "--target", metavar="<name>[,<name>...]",
+    help=f"{TARGET_NAMES}; several, comma-separated, compare the strategies on each. {TARGET_DEFAULT}")]
 Devices = Annotated[int | None, typer.Option("--devices", help="Device count (default: the target's).")]
-Topology = Annotated[str | None, typer.Option("--topology", metavar="<topology>", help="TPU topology, e.g. v5p:2x2x1.")]
+Topology = Annotated[str | None, typer.Option("--topology", metavar="<topology>", help="TPU topology, e.g. v5p:2x2x1, or 2x2x1 in --target's kind.")]
 Strategies = Annotated[
     str | None,
     typer.Option("--strategies", metavar="<names>", help="Comma-separated strategies, or 'all' for every built-in "

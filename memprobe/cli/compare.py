@@ -20,14 +20,14 @@ from memprobe.measure import Measurement, host_ram_check, parse_positive_size, w
 from memprobe.plan import DEFAULT_MODEL, CompileJob, ParamDtype, Plan, Step, job_labels
 from memprobe.render import Format
 from memprobe.result import Result
-from memprobe.targets import DEFAULT_TARGET
+from memprobe.targets import target_or_default
 
 
 def compare(
     seq: o.Seqs = "24576",
     batch: o.Batches = "8",
     model: o.Model = DEFAULT_MODEL,
-    target: o.Targets = DEFAULT_TARGET,
+    target: o.Targets = None,
     devices: o.Devices = None,
     topology: o.Topology = None,
     strategies: o.Strategies = None,
@@ -79,7 +79,7 @@ def baseline(
     seq: o.Seqs = "24576",
     batch: o.Batches = "8",
     model: o.Model = DEFAULT_MODEL,
-    target: o.Targets = DEFAULT_TARGET,
+    target: o.Targets = None,
     devices: o.Devices = None,
     topology: o.Topology = None,
     strategies: o.Strategies = None,
@@ -127,7 +127,7 @@ def plans_from_options(seq, batch, model, target, devices, topology, strategies,
     each target (--target v5p,h100), and each target's plan with the default offload
     strategies it leaves out."""
     return resolve_plans(seq=int_list(seq, "--seq"), batch=int_list(batch, "--batch"),
-                         target=name_list(target, "--target"), devices=devices, topology=topology,
+                         target=name_list(target_or_default(target, topology), "--target"), devices=devices, topology=topology,
                          loss_chunks=loss_chunks, model=model, strategies=strategy_names(strategies),
                          strategy_files=strategy_file or (), strategies_dirs=strategies_dir or (), step=step,
                          optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)

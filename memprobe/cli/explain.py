@@ -18,7 +18,7 @@ from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.liveness import Explained
 from memprobe.plan import DEFAULT_MODEL, ParamDtype, Step
 from memprobe.render import DEFAULT_TOP, ExplainFormat, check_top
-from memprobe.targets import DEFAULT_TARGET
+from memprobe.targets import target_or_default
 
 
 def _two_names(pair: tuple[str, str] | None) -> tuple[str, str] | None:
@@ -40,7 +40,7 @@ def explain(
     seq: o.Seq = 24576,
     batch: o.Batch = 8,
     model: o.Model = DEFAULT_MODEL,
-    target: o.Target = DEFAULT_TARGET,
+    target: o.Target = None,
     devices: o.Devices = None,
     topology: o.Topology = None,
     strategy_file: o.StrategyFile = None,
@@ -67,7 +67,8 @@ def explain(
     Compiles with the compiler's dump files on, as long as a `compare` compile; the answer is kept in the results cache.
     """
     check_top(top)
-    plan = explain_plan(strategy, diff_pair, seq=seq, batch=batch, model=model, target=target, devices=devices,
+    plan = explain_plan(strategy, diff_pair, seq=seq, batch=batch, model=model, target=target_or_default(target, topology),
+                        devices=devices,
                         topology=topology, strategy_files=strategy_file or (), strategies_dirs=strategies_dir or (),
                         loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype,
                         grad_accum=grad_accum)

@@ -17,7 +17,7 @@ from memprobe.plan import DEFAULT_MODEL, ParamDtype, Step
 from memprobe.render import FitFormat
 from memprobe.search import DEFAULT_FIT_SEQ as DEFAULT_SEQ
 from memprobe.search import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQ
-from memprobe.targets import DEFAULT_TARGET
+from memprobe.targets import target_or_default
 
 
 class Axis(str, Enum):
@@ -36,9 +36,10 @@ def fit(
         "--vary", help="What to search: the per-device batch at --seq, or the sequence length at "
         "--batch (in steps of one attention block, 512 tokens).")] = Axis.BATCH,
     model: o.Model = DEFAULT_MODEL,
-    target: Annotated[str, typer.Option(
+    target: Annotated[str | None, typer.Option(
         "--target", metavar="<name>[,<name>...]", help=f"{o.TARGET_NAMES}; several, comma-separated, search on "
-        "each, against its own HBM (or --budget), with a table of the answers side by side.")] = DEFAULT_TARGET,
+        "each, against its own HBM (or --budget), with a table of the answers side by side. "
+        f"{o.TARGET_DEFAULT}")] = None,
     devices: o.Devices = None,
     topology: o.Topology = None,
     strategies: o.Strategies = None,
@@ -86,7 +87,7 @@ def fit(
 
     found = api.fit(vary=vary.value, seq=None if seq is None else int_list(seq, "--seq"),
                     batch=None if batch is None else int_list(batch, "--batch"), model=model,
-                    target=name_list(target, "--target"),
+                    target=name_list(target_or_default(target, topology), "--target"),
                     devices=devices, topology=topology, strategies=strategy_names(strategies),
                     strategy_files=strategy_file or (), strategies_dirs=strategies_dir or (),
                     loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype,
