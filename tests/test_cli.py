@@ -73,6 +73,8 @@ COMPARE_BAD = [
     (["--seq", "512,"], "Invalid value for '--seq': '' is not an integer"),
     (["--seq", "512,1000"], "--seq 1000 is not a multiple of the attention block (512)"),
     (["--seq", "512", "--batch", "1,0"], "--batch must be a positive integer, got 0"),
+    (["--batch", "2,1.5"], "Invalid value for '--batch': '1.5' is not an integer (one value, or several separated "
+                           "by commas: --batch 4,8)"),
     (["--timeout", "soon"], "Invalid value for '--timeout': 'soon' is not a number"),
     (["--format", "yaml"], "Invalid value for '--format': 'yaml' is not one of 'table', 'markdown', 'json'"),
     (["--batch", "0"], "--batch must be a positive integer, got 0"),
@@ -179,6 +181,13 @@ def test_bad_input_is_one_line_and_exit_2(command, args, message):
     (["--target", "v5p:9x9x9", "--model", "tiny-e2b", "--seq", "512"],
      "libtpu rejects the topology 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "
      "divisible by the given (or default) chips_per_host_bounds \"2x2x1\""),
+    # A value named twice is said only when the run goes ahead, never before an error.
+    (["--seq", "512,512", "--target", "cpu,cpu", "--strategies", "checkpoint,checkpoint,nope"],
+     "unknown strategy 'nope' (known: unrolled, checkpoint, scan-checkpoint, offload, dots-no-batch, "
+     "minimal, offload-mlp, scan-layers, scan-layers-offload, scan-offload, scan-periods)"),
+    (["fit", "--seq", "512,512", "--target", "cpu,cpu", "--strategies", "checkpoint,checkpoint,nope"],
+     "unknown strategy 'nope' (known: unrolled, checkpoint, scan-checkpoint, offload, dots-no-batch, "
+     "minimal, offload-mlp, scan-layers, scan-layers-offload, scan-offload, scan-periods)"),
     # Without --target, a topology that names its kind picks the target: libtpu is asked for v5p.
     (["--topology", "v5p:9x9x9", "--model", "tiny-e2b", "--seq", "512"],
      "libtpu rejects the topology 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "

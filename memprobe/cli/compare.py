@@ -57,16 +57,16 @@ def compare(
     the peaks at every shape. Several targets (--target v5p,h100) do the same: a table per
     target, and the peaks on every target; with several shapes too, each target's sweep.
     """
-    plans, skipped = plans_from_options(seq, batch, model, target, devices, topology, strategies,
-                                        strategy_file, strategies_dir, loss_chunks, step, optimizer,
-                                        param_dtype, grad_accum)
+    plans, notes = plans_from_options(seq, batch, model, target, devices, topology, strategies,
+                                      strategy_file, strategies_dir, loss_chunks, step, optimizer,
+                                      param_dtype, grad_accum)
     cap = check_run_options(timeout, jobs, max_host_memory)
     # Each target with host memory checked (a cpu column has none to judge; only cpu is refused).
     hosted = [p.target for p in plans if p.target.has_host_memory] or [plans[0].target]
     ram = [host_ram_check(t, host_ram, devices_per_host) for t in dict.fromkeys(hosted)][0]
     check_writable(output)
     check_writable(chart, "--chart")
-    say_skipped(skipped)
+    say(notes)
     measurements = run_plans(plans, timeout, jobs, no_cache, cap)
     if ram is not None:
         measurements = with_host_ram(measurements, ram[0], devices_per_host)
@@ -101,12 +101,12 @@ def baseline(
     Several lengths or batches (--seq 4096,8192) gate every shape; several targets
     (--target v5p,h100), every target.
     """
-    plans, skipped = plans_from_options(seq, batch, model, target, devices, topology, strategies,
-                                        strategy_file, strategies_dir, loss_chunks, step, optimizer,
-                                        param_dtype, grad_accum)
+    plans, notes = plans_from_options(seq, batch, model, target, devices, topology, strategies,
+                                      strategy_file, strategies_dir, loss_chunks, step, optimizer,
+                                      param_dtype, grad_accum)
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
-    say_skipped(skipped)
+    say(notes)
     measurements = run_plans(plans, timeout, jobs, no_cache, cap)
     result = Result(measurements, command=command_line())
     if not all(m.ok for m in measurements):
@@ -122,49 +122,70 @@ def baseline(
 
 def plans_from_options(seq, batch, model, target, devices, topology, strategies, strategy_file,
                        strategies_dir, loss_chunks, step, optimizer, param_dtype,
-                       grad_accum) -> tuple[list[Plan], list[tuple[Plan, list[str]]]]:
+                       grad_accum) -> tuple[list[Plan], list[str]]:
     """The checked plans of the CLI's options, one per shape of a sweep (--seq 4096,8192) on
-    each target (--target v5p,h100), and each target's plan with the default offload
-    strategies it leaves out."""
-    return resolve_plans(seq=int_list(seq, "--seq"), batch=int_list(batch, "--batch"),
-                         target=name_list(target_or_default(target, topology), "--target"), devices=devices, topology=topology,
-                         loss_chunks=loss_chunks, model=model, strategies=strategy_names(strategies),
-                         strategy_files=strategy_file or (), strategies_dirs=strategies_dir or (), step=step,
-                         optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)
+    each target (--target v5p,h100), and the notes to say once every option is checked: a
+    value named twice, the default offload strategies a target leaves out."""
+    notes: list[str] = []
+    plans, skipped = resolve_plans(
+        seq=int_list(seq, "--seq", notes), batch=int_list(batch, "--batch", notes),
+        target=name_list(target_or_default(target, topology), "--target", notes), devices=devices,
+        topology=topology, loss_chunks=loss_chunks, model=model, strategies=strategy_names(strategies, notes),
+        strategy_files=strategy_file or (), strategies_dirs=strategies_dir or (), step=step,
+        optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)
+    return plans, notes + skipped_notes(skipped)
 
 
-def name_list(text: str, option: str) -> list[str]:
-    """A comma-separated list of names (several targets), each said once."""
-    names = [p.strip() for p in str(text).split(",")]
-    if "" in names:
-        raise BadInput(f"Invalid value for '{option}': {text!r} has an empty name (one name, or several "
-                       f"separated by commas: {option} v5p,h100)")
-    say_repeated(names, option)
-    return list(dict.fromkeys(names))
+#: What several values of each listed option look like, for its errors.
+LIST_EXAMPLES = {"--seq": "4096,8192", "--batch": "4,8", "--target": "v5p,h100"}
 
 
-def int_list(text: str, option: str) -> list[int]:
-    """A comma-separated list of integers (a sweep's lengths or batches), each said once; the
-    values' own checks (positive, a multiple of the attention block) come with the plan."""
-    parts = [p.strip() for p in str(text).split(",")]
-    values = []
-    for part in parts:
+def name_list(text: str, option: str, notes: list[str]) -> list[str]:
+    """A comma-separated list of names (several targets), each kept once (a note in ``notes``
+    says which were repeated)."""
+    def name(part: str) -> str:
+        if not part:
+            raise ValueError(f"{text!r} has an empty name")
+        return part
+    return comma_list(text, option, name, "name", notes)
+
+
+def int_list(text: str, option: str, notes: list[str]) -> list[int]:
+    """A comma-separated list of integers (a sweep's lengths or batches), each kept once (as
+    names are); the values' own checks (positive, a multiple of the attention block) come
+    with the plan."""
+    def integer(part: str) -> int:
         try:
-            values.append(int(part))
+            return int(part)
         except ValueError:
-            raise BadInput(f"Invalid value for '{option}': {part!r} is not an integer (one value, or several "
-                           f"separated by commas: {option} 4096,8192)") from None
-    say_repeated(values, option)
+            raise ValueError(f"{part!r} is not an integer") from None
+    return comma_list(text, option, integer, "value", notes)
+
+
+def comma_list(text: str, option: str, parse, what: str, notes: list[str]) -> list:
+    """``text`` split at commas, each part parsed (a ValueError saying why it is not one),
+    each value kept once."""
+    try:
+        values = [parse(p.strip()) for p in str(text).split(",")]
+    except ValueError as e:
+        raise BadInput(f"Invalid value for '{option}': {e} (one {what}, or several separated by commas: "
+                       f"{option} {LIST_EXAMPLES[option]})") from None
+    notes += repeated(values, option)
     return list(dict.fromkeys(values))
 
 
-def say_skipped(skipped: list[tuple[Plan, list[str]]]) -> None:
-    """The offload strategies each target's plan leaves out, said once every option is checked
-    and the compiles are about to start, never before an error."""
-    for plan, names in skipped:
-        if names:
-            messages().print(f"memprobe: skipping {', '.join(names)}: {plan.target.name} has no "
-                             "host memory space to offload to")
+def skipped_notes(skipped: list[tuple[Plan, list[str]]]) -> list[str]:
+    """The offload strategies each target's plan leaves out."""
+    return [f"skipping {', '.join(names)}: {plan.target.name} has no host memory space to offload to"
+            for plan, names in skipped if names]
+
+
+def say(notes: list[str]) -> None:
+    """Notes on the options (a value named twice, a strategy left out), said once every option
+    is checked and the compiles are about to start, never before an error; said once."""
+    for note in notes:
+        messages().print(f"memprobe: {note}")
+    notes.clear()
 
 
 def check_run_options(timeout: float, jobs: int | None, max_host_memory: str | None) -> int | None:
@@ -213,22 +234,21 @@ def run_jobs(jobs: list[CompileJob], what: str, timeout: float, parallel: int | 
     return measurements
 
 
-def strategy_names(strategies: str | None) -> list[str] | str | None:
+def strategy_names(strategies: str | None, notes: list[str]) -> list[str] | str | None:
     """--strategies for ``resolve_plan``: None (the four families), 'all' (every built-in) or
-    the names of a comma-separated list; a name given twice is said here, and planned once there."""
+    the names of a comma-separated list; a name given twice is noted here, and planned once there."""
     if strategies is None or strategies.strip() == "all":
         return None if strategies is None else "all"
     names = [n.strip() for n in strategies.split(",") if n.strip()]
-    say_repeated(names, "--strategies")
+    notes += repeated(names, "--strategies")
     return names
 
 
-def say_repeated(values: list, option: str) -> None:
-    """Says which values of a comma-separated option were given more than once: each is
-    measured once."""
+def repeated(values: list, option: str) -> list[str]:
+    """A note of the values of a comma-separated option given more than once (each is
+    measured once), or none."""
     twice = [str(v) for v in dict.fromkeys(values) if values.count(v) > 1]
-    if twice:
-        messages().print(f"memprobe: {', '.join(twice)} named more than once in {option}; measured once")
+    return [f"{', '.join(twice)} named more than once in {option}; measured once"] if twice else []
 
 
 def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, parallel: int, cache,

@@ -11,7 +11,8 @@ import typer
 from memprobe import api
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, output_file
-from memprobe.cli.compare import check_run_options, int_list, name_list, run_jobs, say_skipped, strategy_names
+from memprobe.cli.compare import (check_run_options, int_list, name_list, run_jobs, say, skipped_notes,
+                                  strategy_names)
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.plan import DEFAULT_MODEL, ParamDtype, Step
 from memprobe.render import FitFormat
@@ -85,15 +86,21 @@ def fit(
     def runner(wanted, labels, what):
         return run_jobs(wanted, what, timeout, jobs, no_cache, cap, labels=labels)
 
-    found = api.fit(vary=vary.value, seq=None if seq is None else int_list(seq, "--seq"),
-                    batch=None if batch is None else int_list(batch, "--batch"), model=model,
-                    target=name_list(target_or_default(target, topology), "--target"),
-                    devices=devices, topology=topology, strategies=strategy_names(strategies),
+    notes: list[str] = []  # said as the first round starts, once every option is checked
+
+    def on_skipped(plan, names):
+        notes.extend(skipped_notes([(plan, names)]))
+        say(notes)  # and cleared: each later target's plan says only its own
+
+    found = api.fit(vary=vary.value, seq=None if seq is None else int_list(seq, "--seq", notes),
+                    batch=None if batch is None else int_list(batch, "--batch", notes), model=model,
+                    target=name_list(target_or_default(target, topology), "--target", notes),
+                    devices=devices, topology=topology, strategies=strategy_names(strategies, notes),
                     strategy_files=strategy_file or (), strategies_dirs=strategies_dir or (),
                     loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype,
                     grad_accum=grad_accum, budget=budget, max_batch=max_batch, max_seq=max_seq, host_ram=host_ram,
                     devices_per_host=devices_per_host, jobs=jobs, timeout_s=timeout, runner=runner,
-                    on_skipped=lambda plan, names: say_skipped([(plan, names)]))
+                    on_skipped=on_skipped)
     for result in found:
         result.command = command_line()
     from memprobe.render.fit import at, render_fits  # pandas, through the shared footnotes
