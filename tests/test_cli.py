@@ -126,6 +126,8 @@ COMPARE_BAD = [
     (["--grad-accum", "two"], "Invalid value for '--grad-accum': 'two' is not an integer"),
     (["--model", "nothere.toml"], "nothere.toml: model file not found"),
     (["--model", "strategies/checkpoint.toml"], "strategies/checkpoint.toml: unknown key 'loop'"),
+    # A chart is PNG, SVG or PDF by its suffix; a .jpg used to get PNG bytes, after the compiles.
+    (["--chart", "peaks.jpg"], "--chart peaks.jpg: a chart is saved as .png, .svg or .pdf, not .jpg"),
 ]
 E4B = "reports/gemma4-e4b-seq24576-b8-tpu7x-8.json"
 EXPLAINED = "reports/gemma4-e4b-seq24576-b8-tpu7x-8-explain-offload-mlp.json"
@@ -141,6 +143,8 @@ REPORT_BAD = [
     ([EXPLAINED, "--host-ram", "1TiB"], "--host-ram applies to comparisons, not to an explain result"),
     ([EXPLAINED, "--top", "0"], "--top must be a positive integer, got 0"),
     ([E4B, "--top", "5"], "--top applies to an explain result, not to a comparison"),
+    ([E4B, "--chart", "peaks.txt"], "--chart peaks.txt: a chart is saved as .png, .svg or .pdf, not .txt"),
+    ([EXPLAINED, "--chart", "heap.jpeg"], "--chart heap.jpeg: a chart is saved as .png, .svg or .pdf, not .jpeg"),
 ]
 EXPLAIN_BAD = [
     ([], "give exactly one of --strategy NAME or --diff A B"),
@@ -149,6 +153,7 @@ EXPLAIN_BAD = [
     (["--strategy", "fastest"], "unknown strategy 'fastest'"),
     (["--strategy", "unrolled", "--top", "0"], "--top must be a positive integer, got 0"),
     (["--strategy", "unrolled", "--seq", "-1"], "--seq must be a positive integer, got -1"),
+    (["--strategy", "unrolled", "--chart", "heap.gif"], "--chart heap.gif: a chart is saved as .png, .svg or .pdf"),
     # --diff takes two values, so the next option would be read as the second strategy.
     (["--diff", "unrolled", "--model", "tiny-e2b"],
      "Invalid value for '--diff': takes two strategy names, A B; '--model' is an option, not a strategy"),

@@ -17,7 +17,7 @@ from memprobe.liveness import (Buffer, Explained, Explanation, diff, explain_dum
                                parse_hlo, parse_live_range, sweep)
 from memprobe.measure import Measurement
 from memprobe.model import PRESETS
-from memprobe.render.explain import curve_png, diff_notes, explain_notes, host_frame, host_notes, write
+from memprobe.render.explain import curve_chart, diff_notes, explain_notes, host_frame, host_notes, write
 from memprobe.targets import resolve_target
 
 HLO = """ENTRY %main (param.1: f32[4,8]) -> f32[4,8] {
@@ -366,7 +366,7 @@ def test_explain_dump_sizes_host_memory_beside_hbm(tmp_path):
     assert e.names_loops and "what a loop carries" in fresh and "optimizer update" in fresh
     assert not old.names_loops and "loop" not in before and "optimizer update" not in before
     # The chart draws the host curve where there is one, and only then.
-    with_host, without = curve_png([(m, e)]), curve_png([(m, old)])
+    with_host, without = curve_chart([(m, e)]), curve_chart([(m, old)])
     assert with_host[:8] == without[:8] == b"\x89PNG\r\n\x1a\n" and with_host != without
 
 

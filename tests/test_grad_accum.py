@@ -153,9 +153,9 @@ def test_a_long_title_is_wrapped_inside_the_chart():
 
     import matplotlib.image
 
-    from memprobe.render.chart import render_png
+    from memprobe.render.chart import render_chart
 
-    pixels = matplotlib.image.imread(io.BytesIO(render_png([on_tpu(1, 4)])), format="png")
+    pixels = matplotlib.image.imread(io.BytesIO(render_chart([on_tpu(1, 4)])), format="png")
     height, width = pixels.shape[:2]
     band = pixels[: int(0.1 * height), :, :3]  # above the axes, where the title is
     assert band.min() < 0.5  # the title is there

@@ -14,7 +14,7 @@ import pytest
 from conftest import jobs_for
 from memprobe.compile import compile_job
 from memprobe.render import Format, render
-from memprobe.render.chart import AXES, PARTS, render_png
+from memprobe.render.chart import AXES, PARTS, render_chart
 from memprobe.result import Result
 from memprobe.targets import resolve_target
 
@@ -105,8 +105,22 @@ def _bars(png: bytes, colour: str = PARTS[0][1]) -> int:
 
 def test_chart_has_one_bar_per_strategy():
     result = Result.from_json(json.loads(result_json()))
-    assert _bars(render_png(result.measurements)) == 3
-    assert _bars(render_png(result.measurements[:2])) == 2
+    assert _bars(render_chart(result.measurements)) == 3
+    assert _bars(render_chart(result.measurements[:2])) == 2
+
+
+def test_chart_saves_as_svg_or_pdf_the_same_bytes_every_time():
+    # --chart FILE.svg / FILE.pdf: the same chart in another format, words kept as text in the
+    # SVG, and no save date in either, so a committed chart saved again is unchanged.
+    result = Result.from_json(json.loads(result_json()))
+    svg = render_chart(result.measurements, "svg")
+    assert svg.startswith(b"<?xml") and b"<svg" in svg
+    for m in result.measurements:
+        assert re.search(rb">\s*" + m.strategy.encode() + rb"\s*</text>", svg), m.strategy
+    pdf = render_chart(result.measurements, "pdf")
+    assert pdf.startswith(b"%PDF") and b"CreationDate" not in pdf
+    assert render_chart(result.measurements, "svg") == svg and render_chart(result.measurements, "pdf") == pdf
+    assert _bars(render_chart(result.measurements)) == 3  # PNG still the default
 
 
 def test_html_embeds_the_chart_and_figures():
@@ -337,9 +351,9 @@ def test_a_program_the_tpu_compiler_refused_is_a_row_over_capacity_in_every_form
     from memprobe.render.chart import REFUSED
 
     tiny = Result.from_json(json.loads(result_json())).measurements  # arguments tall enough to count by
-    png = render_png([dataclasses.replace(tiny[0], status="refused", needed_bytes=tiny[0].peak_bytes, **empty), *tiny[1:]])
+    png = render_chart([dataclasses.replace(tiny[0], status="refused", needed_bytes=tiny[0].peak_bytes, **empty), *tiny[1:]])
     assert (_bars(png), _bars(png, REFUSED[1])) == (len(tiny) - 1, 1)
-    assert _bars(render_png(tiny), REFUSED[1]) == 0
+    assert _bars(render_chart(tiny), REFUSED[1]) == 0
     # In a sweep the cell gives the total and says it was refused.
     other = [dataclasses.replace(m, seq_len=20480) for m in group]
     [sw] = sweeps([rows, other])

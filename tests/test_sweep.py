@@ -16,7 +16,7 @@ import memprobe as api
 from memprobe.api import resolve_plans
 from memprobe.plan import job_labels, make_plan, sweep
 from memprobe.render import Format, render
-from memprobe.render.chart import AXES, SWEEP_HEADROOM, render_sweep_png
+from memprobe.render.chart import AXES, SWEEP_HEADROOM, render_sweep_chart
 from memprobe.render.frame import sweeps
 from memprobe.result import Result
 from memprobe.strategy import load_catalogue, select
@@ -151,7 +151,7 @@ def test_results_of_several_shapes_merged_are_set_side_by_side_and_over_capacity
     assert "20480 x 8" in text[text.index("at each shape"):]
     # The sweep chart: the HBM capacity's dashed line where the axis puts 94.74 GiB.
     [sw] = sweeps(result.comparisons)
-    img = matplotlib.image.imread(io.BytesIO(render_sweep_png(sw)))
+    img = matplotlib.image.imread(io.BytesIO(render_sweep_chart(sw)))
     red = np.array([0xC4, 0x4E, 0x52]) / 255
     reddish = (np.abs(img[:, :, :3] - red).max(axis=2) < 0.2).sum(axis=1)  # antialiased: two rows
     rows = np.flatnonzero(reddish > img.shape[1] / 4)  # a line across the axes, not the legend's dash
@@ -167,7 +167,7 @@ def test_results_of_several_shapes_merged_are_set_side_by_side_and_over_capacity
     text = io.StringIO()
     render(failed, Format.TABLE, text)
     assert "8192 x 1: nothing compiled" in text.getvalue() and "│   failed │" in text.getvalue()
-    assert render_sweep_png(sweeps(failed.comparisons)[0]).startswith(b"\x89PNG")
+    assert render_sweep_chart(sweeps(failed.comparisons)[0]).startswith(b"\x89PNG")
     # Results that differ in shape and in target are neither sweep: no side by side.
     other = io.StringIO()
     render(Result(Result.load(paths[0]).measurements
@@ -364,7 +364,7 @@ def test_results_on_several_targets_merged_are_set_side_by_side_each_against_its
     assert both.cell("unrolled", "h200, 1 device", ".2f") == ("100.00", False)
     assert both.cell("unrolled", "tpu7x:2x2x1, 8 devices", ".2f") == ("100.00 over capacity", True)
     # The chart: each target's capacity as a dash of its own, at its own height.
-    img = matplotlib.image.imread(io.BytesIO(render_sweep_png(sw)))
+    img = matplotlib.image.imread(io.BytesIO(render_sweep_chart(sw)))
     red = np.array([0xC4, 0x4E, 0x52]) / 255
     reddish = np.abs(img[:, :, :3] - red).max(axis=2) < 0.2
     top = max(max(sw.capacities.values()), max(m.peak_bytes for g in result.comparisons for m in g)) * SWEEP_HEADROOM

@@ -70,9 +70,10 @@ FormatOpt = Annotated[Format, typer.Option("--format", help="table (terminal), m
                                            "request), json (the result schema), csv, html (with chart).")]
 Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the result to this file "
                                              "instead of standard output.")]
-Chart = Annotated[Path | None, typer.Option("--chart", help="Also save a PNG chart: per strategy, "
-                                            "the peak's parts stacked, HBM capacity as a line; one per shape of a sweep (or target) "
-                                            "(FILE-1.png, ...) and FILE-sweep.png, each strategy's peak across them.")]
+Chart = Annotated[Path | None, typer.Option(
+    "--chart", help="Also save a chart (PNG; SVG or PDF for a .svg or .pdf file): per strategy, the peak's parts "
+    "stacked, HBM capacity as a line; one per shape of a sweep (or target) (FILE-1.png, ...) and FILE-sweep.png, "
+    "each strategy's peak across them.")]
 MaxHostMemory = Annotated[str | None, typer.Option(
     "--max-host-memory", metavar="<size>", help="Host memory one compile process may use before it is stopped and "
     "its row marked failed, e.g. 12GiB (default: 90% of this machine's memory).")]

@@ -41,6 +41,20 @@ def check_writable(output: Path | None, option: str = "--output") -> None:
         raise BadInput(f"{option} {output}: not writable")
 
 
+#: The chart formats, by the file name's suffix (none: PNG).
+CHART_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", "": "png"}
+
+
+def check_chart(chart: Path | None) -> str:
+    """Refuses a --chart path that cannot be written or names a format no chart is saved in,
+    before any compile starts; returns the format its suffix names."""
+    check_writable(chart, "--chart")
+    suffix = "" if chart is None else chart.suffix.lower()
+    if suffix not in CHART_FORMATS:
+        raise BadInput(f"--chart {chart}: a chart is saved as .png, .svg or .pdf, not {chart.suffix}")
+    return CHART_FORMATS[suffix]
+
+
 def write_bytes(path: Path, data: bytes, option: str = "--chart") -> None:
     """Writes a file the user named (a chart), saying so; an OS error is one line."""
     try:
@@ -67,16 +81,17 @@ def output_file(output: Path | None) -> Iterator[IO[str]]:
 
 def write_result(result: Result, fmt: Format, output: Path | None, chart: Path | None = None) -> None:
     if chart is not None:
-        from memprobe.render.chart import render_png, render_sweep_png
+        from memprobe.render.chart import render_chart, render_sweep_chart
         from memprobe.render.frame import sweeps
 
         groups = result.comparisons
+        fmt = check_chart(chart)
         for i, group in enumerate(groups):
             path = chart if len(groups) == 1 else chart.with_name(f"{chart.stem}-{i + 1}{chart.suffix}")
-            write_bytes(path, render_png(group))
+            write_bytes(path, render_chart(group, fmt))
         side_by_side = sweeps(groups)  # the shapes (or targets) side by side: each strategy's peak across them
         for i, sw in enumerate(side_by_side):  # a sweep on several targets: one per target, in table order
             name = f"{chart.stem}-sweep{'' if len(side_by_side) == 1 else f'-{i + 1}'}{chart.suffix}"
-            write_bytes(chart.with_name(name), render_sweep_png(sw))
+            write_bytes(chart.with_name(name), render_sweep_chart(sw, fmt))
     with output_file(output) as f:
         render(result, fmt, f)

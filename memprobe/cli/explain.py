@@ -11,7 +11,7 @@ import typer
 from memprobe.api import explain_plan, run_explain
 from memprobe.cache import ResultCache
 from memprobe.cli import _options as o
-from memprobe.cli._output import check_writable, command_line, messages, output_file, write_bytes
+from memprobe.cli._output import check_chart, check_writable, command_line, messages, output_file, write_bytes
 from memprobe.cli import compare
 from memprobe.cli.compare import check_run_options
 from memprobe.compile import DEFAULT_TIMEOUT_S
@@ -57,7 +57,8 @@ def explain(
     format: Annotated[ExplainFormat, typer.Option("--format", help="table, markdown or json.")] = ExplainFormat.TABLE,
     output: o.Output = None,
     chart: Annotated[Path | None, typer.Option(
-        "--chart", help="Also save a PNG of the bytes live over program order, the peak marked.")] = None,
+        "--chart", help="Also save a chart of the bytes live over program order, the peak marked (PNG; SVG or "
+        "PDF for a .svg or .pdf file).")] = None,
 ) -> int:
     """List what is live at the peak: shape, size, share of the peak and the model tensor of each
     buffer, from the compiler's own buffer assignment and live ranges; for offload strategies
@@ -74,7 +75,7 @@ def explain(
                         grad_accum=grad_accum)
     cap = check_run_options(timeout, None, max_host_memory)
     check_writable(output)
-    check_writable(chart, "--chart")
+    check_chart(chart)
     answer = run_explain(plan, timeout_s=timeout, cache=not no_cache, max_host_bytes=cap,
                          on_event=_progress(f"{plan.model.name} on {plan.target.label}", _hints(plan, no_cache)))
     answer = dataclasses.replace(answer, command=command_line())
@@ -116,7 +117,7 @@ def _write(answer: Explained, fmt: ExplainFormat, output: Path | None, chart: Pa
     from memprobe.render import explain as r  # pandas, once there is an answer to render
 
     if chart is not None and answer.explained:
-        write_bytes(chart, r.curve_png(answer))
+        write_bytes(chart, r.curve_chart(answer, check_chart(chart)))
     elif chart is not None:  # every compile failed: say so rather than leave the file missing
         messages().print(f"memprobe: no chart written to {chart}: no strategy was explained")
     with output_file(output) as file:

@@ -1,4 +1,4 @@
-"""A PNG chart of one comparison: per strategy, a stacked bar of the peak's parts, with the
+"""A chart (PNG, SVG or PDF) of one comparison: per strategy, a stacked bar of the peak's parts, with the
 device's HBM capacity as a horizontal line; and of a sweep, each strategy's peak as a line
 across the shapes, with the same capacity line.
 
@@ -23,6 +23,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from memprobe.measure import GIB, Measurement  # noqa: E402
 from memprobe.render.frame import Sweep, title  # noqa: E402
+
+plt.rcParams["svg.hashsalt"] = "memprobe"  # an SVG's element ids the same on every save
+plt.rcParams["svg.fonttype"] = "none"  # its words kept as text: searchable, and under half the size
+
+#: The save date is left out of each format, so that the same chart saves to the same bytes.
+_NO_DATE = {"png": {}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}
+
+
+def save(fig, fmt: str) -> bytes:
+    """``fig`` as the bytes of a ``fmt`` file (png, svg or pdf), then closed."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, metadata=_NO_DATE[fmt])
+    plt.close(fig)
+    return buf.getvalue()
 
 # Fixed axes placement, so a reader (and the tests) can find the bars in the image.
 AXES = {"left": 0.12, "right": 0.97, "bottom": 0.22, "top": 0.90}
@@ -52,8 +66,8 @@ def _parts(m: Measurement) -> list[float]:
             m.host_bytes / GIB]
 
 
-def render_png(measurements: list[Measurement]) -> bytes:
-    """The chart as PNG bytes; one bar per strategy that compiled, lowest peak first, then
+def render_chart(measurements: list[Measurement], fmt: str = "png") -> bytes:
+    """The chart as the bytes of a ``fmt`` file (png, svg or pdf); one bar per strategy that compiled, lowest peak first, then
     those the TPU compiler refused over HBM."""
     ok = sorted((m for m in measurements if m.ok), key=lambda m: m.peak_bytes)
     refused = sorted((m for m in measurements if m.refused), key=lambda m: m.needed_bytes)
@@ -98,18 +112,15 @@ def render_png(measurements: list[Measurement]) -> bytes:
         lbl.set_horizontalalignment("right")
     ax.legend(fontsize=7, loc="upper right", framealpha=0.9)
     ax.spines[["top", "right"]].set_visible(False)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return save(fig, fmt)
 
 
 #: The sweep chart's y axis runs from 0 to this much above the highest peak (or capacity).
 SWEEP_HEADROOM = 1.15
 
 
-def render_sweep_png(sw: Sweep) -> bytes:
-    """A sweep as PNG bytes: a line per strategy through its peaks at each shape (broken
+def render_sweep_chart(sw: Sweep, fmt: str = "png") -> bytes:
+    """A sweep as the bytes of a ``fmt`` file: a line per strategy through its peaks at each shape (broken
     where it was not compiled or failed, a lone point marked), shapes in the order of the sweep
     table, the HBM capacity as a dashed line: where each strategy's line crosses it is where it
     stops fitting. Across targets, points without lines (targets are no scale to draw a line
@@ -147,7 +158,4 @@ def render_sweep_png(sw: Sweep) -> bytes:
     fig.suptitle(text, fontsize=size)  # over the whole figure: the axes leave room for the legend
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), framealpha=0.9)
     ax.spines[["top", "right"]].set_visible(False)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return save(fig, fmt)

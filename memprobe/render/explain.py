@@ -10,7 +10,6 @@ The chart draws the sampled curves with the peak marked.
 
 from __future__ import annotations
 
-import io
 import json
 from typing import IO, Any
 
@@ -366,12 +365,12 @@ def heading(m: Measurement) -> str:
     return f"Live at the peak: {m.strategy}, {title(m)}"
 
 
-def curve_png(series: list[tuple[Measurement, Explanation]] | Explained) -> bytes:
+def curve_chart(series: list[tuple[Measurement, Explanation]] | Explained, fmt: str = "png") -> bytes:
     """HBM bytes live over program order, one line per strategy, the busiest point marked; a
     dashed level at each strategy's peak (compiler estimate): the gap between the two is
     memory reserved but not holding a live buffer. Host memory (offload), where a strategy
     uses it, is a dotted line of its own."""
-    from memprobe.render.chart import fitted_title, plt  # matplotlib, set up for files only
+    from memprobe.render.chart import fitted_title, plt, save  # matplotlib, set up for files only
 
     if isinstance(series, Explained):
         series = series.explained
@@ -398,7 +397,4 @@ def curve_png(series: list[tuple[Measurement, Explanation]] | Explained) -> byte
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return save(fig, fmt)

@@ -26,7 +26,7 @@ def render(result: Result, file: IO[str]) -> None:
     for sw in sweeps(groups):
         file.write(f"<h2>{html.escape(sw.title)}</h2>\n" + _sweep_table(sw)
                    + "<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in sw.notes()) + "</ul>\n")
-        png = base64.b64encode(chart.render_sweep_png(sw)).decode()
+        png = base64.b64encode(chart.render_sweep_chart(sw)).decode()
         file.write(f"<p><img alt='peak per strategy at each {sw.axis}' src='data:image/png;base64,{png}'></p>\n")
     for group in groups:
         file.write(f"<h2>{html.escape(title(group[0]))}</h2>\n")
@@ -38,7 +38,7 @@ def render(result: Result, file: IO[str]) -> None:
         if flags:
             file.write("<ul>" + "".join(f"<li>{html.escape(f.strategy)}: <b>{html.escape(f.kind)}</b>: "
                                         f"{html.escape(f.reason)}</li>" for f in flags) + "</ul>\n")
-        png = base64.b64encode(chart.render_png(group)).decode()
+        png = base64.b64encode(chart.render_chart(group)).decode()
         file.write(f"<p><img alt='peak per strategy' src='data:image/png;base64,{png}'></p>\n")
         file.write("<div class='notes'><ul>" + "".join(
             f"<li>{html.escape(n)}</li>" for n in footnotes(group, result.command)) + "</ul></div>\n")
