@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from memprobe.compile import GPU_PACKAGES, versions
 from memprobe.errors import BadInput
-from memprobe.measure import GIB, Measurement, parse_size
+from memprobe.measure import GIB, Measurement, parse_positive_size, parse_size
 from memprobe.model_file import model_from_mapping
 from memprobe.plan import Plan, make_plan, recipe
 from memprobe.result import Result
@@ -155,7 +155,11 @@ def baseline_plans(base: Result, where: Path) -> list[tuple[list[Measurement], P
 def limits(tolerance: str | Tolerance, max_peak: str | int | None) -> tuple[Tolerance, int | None]:
     """--tolerance ("2%", "0.5GiB") and --max-peak ("90GiB", or bytes) as the gate uses them."""
     tol = tolerance if isinstance(tolerance, Tolerance) else Tolerance.parse(tolerance)
-    return tol, parse_size(max_peak, "--max-peak") if isinstance(max_peak, str) else max_peak
+    if isinstance(max_peak, str):
+        max_peak = parse_positive_size(max_peak, "--max-peak")
+    elif max_peak is not None and max_peak <= 0:  # a budget no program meets would fail every gate
+        raise BadInput(f"--max-peak must be a positive size, got {max_peak!r}")
+    return tol, max_peak
 
 
 def recheck(base: Result, where: Path, tolerance: Tolerance, max_peak: int | None,

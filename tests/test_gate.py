@@ -132,6 +132,9 @@ def test_missing_baseline_and_bad_tolerance(tmp_path):
     assert r.returncode == 2 and "none.json: file not found" in r.stderr
     r = memprobe("check", "--baseline", str(tmp_path / "none.json"), "--tolerance", "lots")
     assert r.returncode == 2 and "--tolerance: 'lots' is not a percentage like 2% or a size like 0.5GiB" in r.stderr
+    # A budget of nothing failed every strategy "under 0.00 GiB" after recompiling them all.
+    r = memprobe("check", "--baseline", str(tmp_path / "none.json"), "--max-peak", "0GiB")
+    assert r.returncode == 2 and r.stderr.strip() == "memprobe: error: --max-peak must be a positive size, got '0GiB'"
     r = memprobe("check")
     assert r.returncode == 2 and r.stderr.strip() == ("memprobe: error: give the baseline to check against: "
                                                       "memprobe check BASELINE (or --baseline BASELINE)")
