@@ -108,7 +108,8 @@ def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
             "baseline GiB": f"{b.peak_bytes / GIB:.3f}",
             "now GiB": f"{n.peak_bytes / GIB:.3f}" if n.answered else "-",
             "delta GiB": f"{(n.peak_bytes - b.peak_bytes) / GIB:+.3f}" if n.answered else "-",
-            "delta %": f"{100 * (n.peak_bytes - b.peak_bytes) / b.peak_bytes:+.2f}%" if n.answered and b.peak_bytes else "-",
+            "delta %": (f"{100 * (n.peak_bytes - b.peak_bytes) / b.peak_bytes:+.2f}%"
+                        if n.answered and b.peak_bytes else "-"),
             "now bytes": f"{n.peak_bytes:,}" if n.answered else "-",
             # exact bytes: offloaded figures are often far below a GiB
             **({"host baseline bytes": f"{b.host_bytes:,}",

@@ -38,7 +38,8 @@ def measure(*, model: str, seq: int, batch: int, strategy: str = "scan-checkpoin
 
     catalogue = load_catalogue([strategy_file] if strategy_file else ())
     plan = make_plan(model=model, strategies=select(catalogue, [strategy]),
-                     target=resolve_target(target_or_default(target, topology), devices, topology), seq_len=seq, batch_per_device=batch,
+                     target=resolve_target(target_or_default(target, topology), devices, topology), seq_len=seq,
+                     batch_per_device=batch,
                      loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype,
                      grad_accum=grad_accum)
     [m] = compile_jobs(plan.jobs(), timeout_s=timeout, cache=ResultCache())

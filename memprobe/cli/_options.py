@@ -30,23 +30,27 @@ Targets = Annotated[str | None, typer.Option(
     "--target", metavar="<name>[,<name>...]",
     help=f"{TARGET_NAMES}; several, comma-separated, compare the strategies on each. {TARGET_DEFAULT}")]
 Devices = Annotated[int | None, typer.Option("--devices", help="Device count (default: the target's).")]
-Topology = Annotated[str | None, typer.Option("--topology", metavar="<topology>", help="TPU topology, e.g. v5p:2x2x1, or 2x2x1 in --target's kind.")]
+Topology = Annotated[str | None, typer.Option(
+    "--topology", metavar="<topology>", help="TPU topology, e.g. v5p:2x2x1, or 2x2x1 in --target's kind.")]
 Strategies = Annotated[
     str | None,
     typer.Option("--strategies", metavar="<names>", help="Comma-separated strategies, or 'all' for every built-in "
                  "(default: the four families). The first is the baseline for deltas and FLOPs."),
 ]
 StrategyFile = Annotated[
-    list[Path] | None, typer.Option("--strategy-file", metavar="<path>", help="A strategy TOML file of your own (repeatable).")
+    list[Path] | None,
+    typer.Option("--strategy-file", metavar="<path>", help="A strategy TOML file of your own (repeatable)."),
 ]
 StrategiesDir = Annotated[
-    list[Path] | None, typer.Option("--strategies-dir", metavar="<dir>", help="A directory of strategy TOML files (repeatable).")
+    list[Path] | None,
+    typer.Option("--strategies-dir", metavar="<dir>", help="A directory of strategy TOML files (repeatable)."),
 ]
 LossChunks = Annotated[
     int | None,
     typer.Option("--loss-chunks", help="Sequence chunks the loss is computed in (default: chunks of <= 512 tokens)."),
 ]
-StepKind = Annotated[Step, typer.Option("--step", help="train: forward, backward and the optimizer update; grad: loss and gradients only.")]
+StepKind = Annotated[Step, typer.Option(
+    "--step", help="train: forward, backward and the optimizer update; grad: loss and gradients only.")]
 OptimizerKind = Annotated[Optimizer | None, typer.Option(
     "--optimizer", help="The train step's update: adamw (default; two moments per parameter), adafactor "
     "(a factored second moment), lion (one moment), sgd (no momentum, no state).")]
@@ -56,7 +60,8 @@ ParamDtypeKind = Annotated[ParamDtype, typer.Option(
 GradAccum = Annotated[int, typer.Option(
     "--grad-accum", help="Microbatches one step accumulates gradients over, one after another (MaxText's "
     "gradient_accumulation_steps); --batch is each microbatch's per-device batch; 1: no accumulation.")]
-Timeout = Annotated[float, typer.Option("--timeout", metavar="<seconds>", help="Seconds one strategy's compile may take.")]
+Timeout = Annotated[float, typer.Option(
+    "--timeout", metavar="<seconds>", help="Seconds one strategy's compile may take.")]
 
 Jobs = Annotated[int | None, typer.Option(
     "--jobs", help="Strategies compiled at once, each in its own process (default: one per core, "
@@ -78,8 +83,8 @@ MaxHostMemory = Annotated[str | None, typer.Option(
     "--max-host-memory", metavar="<size>", help="Host memory one compile process may use before it is stopped and "
     "its row marked failed, e.g. 12GiB (default: 90% of this machine's memory).")]
 HostRam = Annotated[str | None, typer.Option(
-    "--host-ram", metavar="<size>", help="RAM of one accelerator host, e.g. 1TiB: a row whose host GiB (offload), times "
-    "the devices that share the host, exceeds it is judged 'over host RAM'. Not checked without it.")]
+    "--host-ram", metavar="<size>", help="RAM of one accelerator host, e.g. 1TiB: a row whose host GiB (offload), "
+    "times the devices that share the host, exceeds it is judged 'over host RAM'. Not checked without it.")]
 DevicesPerHost = Annotated[int | None, typer.Option(
     "--devices-per-host", help="Devices that share one host's RAM, for --host-ram (default: TPU as "
     "libtpu lays hosts out, 2x2 chips; GPU the devices up to 8; an 8-chip single-host v5e/v6e VM needs 8).")]

@@ -44,8 +44,9 @@ def check(
         help="A baseline written by `memprobe baseline` (or give it as --baseline FILE).",
         metavar="BASELINE", show_default=False)] = None,
     baseline: Annotated[Path | None, typer.Option("--baseline", help="The baseline, as an option.")] = None,
-    tolerance: Annotated[str, typer.Option("--tolerance", metavar="<pct|size>", help="Allowed growth of a peak, and of the "
-                                           "host bytes: relative (2%) or absolute (0.5GiB).")] = "2%",
+    tolerance: Annotated[str, typer.Option(
+        "--tolerance", metavar="<pct|size>",
+        help="Allowed growth of a peak, and of the host bytes: relative (2%) or absolute (0.5GiB).")] = "2%",
     max_peak: Annotated[str | None, typer.Option("--max-peak", metavar="<size>", help="A budget no peak may exceed, "
                                                  "e.g. 90GiB.")] = None,
     allow_version_drift: Annotated[bool, typer.Option(

@@ -33,7 +33,8 @@ def _two_names(pair: tuple[str, str] | None) -> tuple[str, str] | None:
 
 
 def explain(
-    strategy: Annotated[str | None, typer.Option("--strategy", metavar="<name>", help="The strategy to explain.")] = None,
+    strategy: Annotated[str | None, typer.Option(
+        "--strategy", metavar="<name>", help="The strategy to explain.")] = None,
     diff_pair: Annotated[tuple[str, str] | None, typer.Option(
         "--diff", metavar="<A B>", callback=_two_names,
         help="Two strategies, A B: the buffers that account for the difference in peak.")] = None,
@@ -50,7 +51,8 @@ def explain(
     optimizer: o.OptimizerKind = None,
     param_dtype: o.ParamDtypeKind = ParamDtype.FP32,
     grad_accum: o.GradAccum = 1,
-    top: Annotated[int, typer.Option("--top", help="Buffers (or diff groups) to list; the rest are summed.")] = DEFAULT_TOP,
+    top: Annotated[int, typer.Option(
+        "--top", help="Buffers (or diff groups) to list; the rest are summed.")] = DEFAULT_TOP,
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
     no_cache: o.NoCache = False,
     max_host_memory: o.MaxHostMemory = None,
@@ -68,8 +70,8 @@ def explain(
     Compiles with the compiler's dump files on, as long as a `compare` compile; the answer is kept in the results cache.
     """
     check_top(top)
-    plan = explain_plan(strategy, diff_pair, seq=seq, batch=batch, model=model, target=target_or_default(target, topology),
-                        devices=devices,
+    plan = explain_plan(strategy, diff_pair, seq=seq, batch=batch, model=model,
+                        target=target_or_default(target, topology), devices=devices,
                         topology=topology, strategy_files=strategy_file or (), strategies_dirs=strategies_dir or (),
                         loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype,
                         grad_accum=grad_accum)

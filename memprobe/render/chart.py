@@ -67,8 +67,8 @@ def _parts(m: Measurement) -> list[float]:
 
 
 def render_chart(measurements: list[Measurement], fmt: str = "png") -> bytes:
-    """The chart as the bytes of a ``fmt`` file (png, svg or pdf); one bar per strategy that compiled, lowest peak first, then
-    those the TPU compiler refused over HBM."""
+    """The chart as the bytes of a ``fmt`` file (png, svg or pdf); one bar per strategy that
+    compiled, lowest peak first, then those the TPU compiler refused over HBM."""
     ok = sorted((m for m in measurements if m.ok), key=lambda m: m.peak_bytes)
     refused = sorted((m for m in measurements if m.refused), key=lambda m: m.needed_bytes)
     width_in = max(6.0, 1.1 * (len(ok) + len(refused)) + 2.5)
