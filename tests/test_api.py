@@ -67,6 +67,14 @@ def test_defaults_leave_out_offload_where_there_is_no_host_memory():
     assert set(skipped) == {"offload", "offload-mlp", "scan-layers-offload", "scan-offload"}
 
 
+def test_a_topology_alone_names_its_target():
+    # No target given: the TPU kind the topology names (libtpu is asked for v5e's), else tpu7x.
+    plan, _ = memprobe.resolve_plan(model="tiny-e2b", seq=256, batch=1, topology="v5e:2x2")
+    assert (plan.target.name, plan.target.topology, plan.target.num_devices) == ("v5e", "v5e:2x2", 4)
+    plan, _ = memprobe.resolve_plan(model="tiny-e2b", seq=256, batch=1)
+    assert plan.target.topology == "tpu7x:2x2x1"
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(seq=-1), "--seq must be a positive integer, got -1"),
     (dict(seq=1000), "--seq 1000 is not a multiple of the attention block (512); try 512 or 1024"),
