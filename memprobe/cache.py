@@ -138,6 +138,16 @@ class ResultCache:
     def _path(self, key: dict[str, Any]) -> Path:
         return self.directory / f"{_digest(key)}.json"
 
+    def unwritable(self) -> str | None:
+        """Why no answer could be kept here (the directory cannot be made, or a file written
+        in it), or None: writes fail silently, so a run asks before it starts."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.directory, prefix=".probe-"):
+                return None
+        except OSError as e:
+            return e.strerror or str(e)
+
     def get(self, job: CompileJob, env: dict[str, str]) -> Measurement | None:
         """The stored measurement for ``job``, renamed to its strategy; None when absent or bad."""
         hit = self._read(job, key_fields(job, env))

@@ -161,6 +161,30 @@ def test_a_stopped_run_says_which_results_it_kept(tmp_path):
     assert f"memprobe: unrolled: compiling (took {took} here last time, at seq 256 x 1)\n" in longer.stderr
 
 
+def test_a_run_whose_cache_cannot_be_written_says_so_and_claims_nothing_kept(tmp_path):
+    # Cache writes fail silently (a result is still a result), so a cache directory that
+    # cannot be made is said before the compiles, and a stopped run does not claim to have
+    # kept what it finished.
+    (tmp_path / "file").write_text("not a directory")
+    cache_dir = tmp_path / "file" / "cache"
+    env = {**os.environ, "MEMPROBE_CACHE_DIR": str(cache_dir)}
+    args = [sys.executable, "-m", "memprobe", "compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256",
+            "--batch", "1", "--strategies", "unrolled,checkpoint", "--jobs", "1"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    said = []
+    for line in proc.stderr:
+        said.append(line.rstrip("\n"))
+        if line.startswith("memprobe: checkpoint: compiling"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    said += proc.communicate(timeout=30)[1].splitlines()
+    assert proc.returncode == 143, said
+    assert said[0] == (f"memprobe: results cache {cache_dir} cannot be written (Not a directory): nothing this run "
+                       "compiles will be kept (MEMPROBE_CACHE_DIR names another directory)"), said
+    assert said[-2:] == ["memprobe: unrolled finished, but nothing was kept: the results cache cannot be written",
+                         "memprobe: terminated"], said
+
+
 def test_a_stopped_explain_leaves_no_dump_behind(tmp_path, monkeypatch):
     # An explain writes the compiler's dump files (tens of MB for a tiny model, far more at
     # full size). A compile killed part-way cannot remove them itself, so they must lie in

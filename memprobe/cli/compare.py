@@ -226,12 +226,30 @@ def run_jobs(jobs: list[CompileJob], what: str, timeout: float, parallel: int | 
     ``labels`` (default: the strategy names); ``what`` says what they are in the opening line."""
     parallel = parallel or default_parallel(len(jobs))
     started = time.monotonic()
+    cache = None if no_cache else ResultCache()
+    keeps = cache is not None and says_if_unwritable(cache)
     measurements = _compile_with_progress(jobs, what, labels or [j.strategy.name for j in jobs], timeout,
-                                          parallel, None if no_cache else ResultCache(), max_host_bytes)
+                                          parallel, cache, max_host_bytes, keeps)
     cached = sum(m.cached for m in measurements)
     messages().print(f"memprobe: {len(measurements) - cached} compiled, {cached} from cache, "
                      f"in {time.monotonic() - started:.0f} s wall time")
     return measurements
+
+
+def says_if_unwritable(cache: ResultCache) -> bool:
+    """Whether ``cache`` keeps what this run compiles; where it cannot, says so before the
+    compiles start, once a run (a fit's rounds ask again), though it still answers what it
+    holds: writes fail silently, and a run that keeps nothing should not let the user count
+    on the same command answering at once."""
+    why = cache.unwritable()
+    if why is not None and cache.directory not in _SAID_UNWRITABLE:
+        _SAID_UNWRITABLE.add(cache.directory)
+        messages().print(f"memprobe: results cache {cache.directory} cannot be written ({why}): nothing this "
+                         "run compiles will be kept (MEMPROBE_CACHE_DIR names another directory)", highlight=False)
+    return why is None
+
+
+_SAID_UNWRITABLE: set[Path] = set()
 
 
 def strategy_names(strategies: str | None, notes: list[str]) -> list[str] | str | None:
@@ -252,7 +270,7 @@ def repeated(values: list, option: str) -> list[str]:
 
 
 def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, parallel: int, cache,
-                           max_host_bytes=None):
+                           max_host_bytes=None, keeps: bool = False):
     err = messages()
     progress = Progress(SpinnerColumn(), TextColumn("{task.description:<18}"),
                         TextColumn("{task.fields[state]}"), TimeElapsedColumn(), console=err,
@@ -301,7 +319,7 @@ def _compile_with_progress(jobs, what: str, labels: list[str], timeout: float, p
             return compile_jobs(jobs, timeout_s=timeout, parallel=parallel, on_event=on_event,
                                 cache=cache, max_host_bytes=max_host_bytes)
         except KeyboardInterrupt:
-            _say_kept(finished, cache is not None)
+            _say_kept(finished, cache is not None, keeps)
             raise
 
 
@@ -330,13 +348,14 @@ def _last_time_hint(last: tuple[float, int, int] | None) -> str:
     return f"took {took} here last time, at seq {seq} x {batch}"
 
 
-def _say_kept(finished: list[str], cached: bool) -> None:
+def _say_kept(finished: list[str], cached: bool, kept: bool) -> None:
     """On Ctrl-C or SIGTERM: what of a long run is not lost. A full-size compile takes 10-20
     minutes, so a user stopping at minute 30 should know whether to start over."""
     if not finished:
         return
-    if cached:
+    if kept:
         messages().print(f"memprobe: kept in the results cache: {', '.join(finished)} (the same command "
                          "answers from there)", highlight=False)
     else:
-        messages().print(f"memprobe: {', '.join(finished)} finished, but --no-cache kept nothing", highlight=False)
+        why = "nothing was kept: the results cache cannot be written" if cached else "--no-cache kept nothing"
+        messages().print(f"memprobe: {', '.join(finished)} finished, but {why}", highlight=False)

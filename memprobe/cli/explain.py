@@ -78,6 +78,8 @@ def explain(
     cap = check_run_options(timeout, None, max_host_memory)
     check_writable(output)
     check_chart(chart)
+    if not no_cache:
+        compare.says_if_unwritable(ResultCache())
     answer = run_explain(plan, timeout_s=timeout, cache=not no_cache, max_host_bytes=cap,
                          on_event=_progress(f"{plan.model.name} on {plan.target.label}", _hints(plan, no_cache)))
     answer = dataclasses.replace(answer, command=command_line())
