@@ -172,6 +172,12 @@ def test_bad_input_is_one_line_and_exit_2(command, args, message):
     assert "Traceback" not in r.stderr
 
 
+V5P_999 = ("libtpu rejects the topology 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "
+           "divisible by the given (or default) chips_per_host_bounds \"2x2x1\"")
+UNKNOWN_NOPE = ("unknown strategy 'nope' (known: unrolled, checkpoint, scan-checkpoint, offload, dots-no-batch, "
+                "minimal, offload-mlp, scan-layers, scan-layers-offload, scan-offload, scan-periods)")
+
+
 @pytest.mark.parametrize("args,error", [
     # cpu drops the default offload strategy; that note only matters for a run that goes ahead.
     (["--target", "cpu", "--seq", "1000"],
@@ -180,26 +186,14 @@ def test_bad_input_is_one_line_and_exit_2(command, args, message):
     (["fit", "--target", "cpu", "--budget", "-1GiB"], "--budget: '-1GiB' is not a size like 90GiB, 96GB or 512MiB"),
     (["fit", "--target", "cpu"], "target cpu has no HBM capacity to fit in; pass --budget SIZE"),
     # libtpu is asked before the compiles start, so no progress line comes before its answer.
-    (["--target", "v5p", "--topology", "9x9x9", "--model", "tiny-e2b", "--seq", "512"],
-     "libtpu rejects the topology 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "
-     "divisible by the given (or default) chips_per_host_bounds \"2x2x1\""),
-    (["--target", "v5p:9x9x9", "--model", "tiny-e2b", "--seq", "512"],
-     "libtpu rejects the topology 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "
-     "divisible by the given (or default) chips_per_host_bounds \"2x2x1\""),
+    (["--target", "v5p", "--topology", "9x9x9", "--model", "tiny-e2b", "--seq", "512"], V5P_999),
+    (["--target", "v5p:9x9x9", "--model", "tiny-e2b", "--seq", "512"], V5P_999),
     # A value named twice is said only when the run goes ahead, never before an error.
-    (["--seq", "512,512", "--target", "cpu,cpu", "--strategies", "checkpoint,checkpoint,nope"],
-     "unknown strategy 'nope' (known: unrolled, checkpoint, scan-checkpoint, offload, dots-no-batch, "
-     "minimal, offload-mlp, scan-layers, scan-layers-offload, scan-offload, scan-periods)"),
-    (["fit", "--seq", "512,512", "--target", "cpu,cpu", "--strategies", "checkpoint,checkpoint,nope"],
-     "unknown strategy 'nope' (known: unrolled, checkpoint, scan-checkpoint, offload, dots-no-batch, "
-     "minimal, offload-mlp, scan-layers, scan-layers-offload, scan-offload, scan-periods)"),
+    (["--seq", "512,512", "--target", "cpu,cpu", "--strategies", "checkpoint,checkpoint,nope"], UNKNOWN_NOPE),
+    (["fit", "--seq", "512,512", "--target", "cpu,cpu", "--strategies", "checkpoint,checkpoint,nope"], UNKNOWN_NOPE),
     # Without --target, a topology that names its kind picks the target: libtpu is asked for v5p.
-    (["--topology", "v5p:9x9x9", "--model", "tiny-e2b", "--seq", "512"],
-     "libtpu rejects the topology 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "
-     "divisible by the given (or default) chips_per_host_bounds \"2x2x1\""),
-    (["fit", "--topology", "v5p:9x9x9", "--model", "tiny-e2b", "--seq", "512"],
-     "libtpu rejects the topology 'v5p:9x9x9': INVALID_ARGUMENT: Topology layout \"v5p:9x9x9\" is not "
-     "divisible by the given (or default) chips_per_host_bounds \"2x2x1\""),
+    (["--topology", "v5p:9x9x9", "--model", "tiny-e2b", "--seq", "512"], V5P_999),
+    (["fit", "--topology", "v5p:9x9x9", "--model", "tiny-e2b", "--seq", "512"], V5P_999),
 ])
 def test_a_refused_plan_says_nothing_before_its_error(args, error):
     r = memprobe(*(args if args[0] == "fit" else ["compare", *args]))

@@ -125,24 +125,34 @@ def test_a_compile_ends_soon_after_memprobe_is_killed_outright():
     assert _gone_within(children, 10), "a compile worker kept running after memprobe was killed"
 
 
-def test_a_stopped_run_says_which_results_it_kept(tmp_path):
-    # A full-size run takes an hour; one stopped part-way must say what need not be compiled again.
-    env = {**os.environ, "MEMPROBE_CACHE_DIR": str(tmp_path)}
-    args = [sys.executable, "-m", "memprobe", "compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256",
-            "--batch", "1", "--strategies", "unrolled,checkpoint", "--jobs", "1"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+#: unrolled then checkpoint, one at a time, on the CPU backend.
+TWO_IN_TURN = [sys.executable, "-m", "memprobe", "compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256",
+               "--batch", "1", "--strategies", "unrolled,checkpoint", "--jobs", "1"]
+
+
+def _stopped_at_checkpoint(env) -> list[str]:
+    """TWO_IN_TURN sent SIGTERM as its checkpoint compile starts: its stderr lines (the log
+    lines of a non-terminal stderr), once it ended with 128 + SIGTERM."""
+    proc = subprocess.Popen(TWO_IN_TURN, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     said = []
-    for line in proc.stderr:  # the log lines of a non-terminal stderr
+    for line in proc.stderr:
         said.append(line.rstrip("\n"))
         if line.startswith("memprobe: checkpoint: compiling"):
             proc.send_signal(signal.SIGTERM)
             break
     said += proc.communicate(timeout=30)[1].splitlines()
     assert proc.returncode == 143, said
+    return said
+
+
+def test_a_stopped_run_says_which_results_it_kept(tmp_path):
+    # A full-size run takes an hour; one stopped part-way must say what need not be compiled again.
+    env = {**os.environ, "MEMPROBE_CACHE_DIR": str(tmp_path)}
+    said = _stopped_at_checkpoint(env)
     assert said[-2:] == ["memprobe: kept in the results cache: unrolled (the same command answers from there)",
                          "memprobe: terminated"], said
 
-    again = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    again = subprocess.run(TWO_IN_TURN, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0, again.stderr
     assert "memprobe: unrolled: from cache" in again.stderr
     assert "memprobe: 1 compiled, 1 from cache" in again.stderr
@@ -154,7 +164,7 @@ def test_a_stopped_run_says_which_results_it_kept(tmp_path):
                   if e["measurement"]["strategy"] == "unrolled"]
     whole = round(round(unrolled["process_seconds"], 1))  # as recorded, to a tenth
     took = f"{whole} s" if whole < 60 else f"{whole // 60} min {whole % 60} s"
-    longer = [*args[:9], "512", *args[10:]]
+    longer = [*TWO_IN_TURN[:9], "512", *TWO_IN_TURN[10:]]
     longer[longer.index("unrolled,checkpoint")] = "unrolled"  # the one this asks about
     longer = subprocess.run(longer, capture_output=True, text=True, env=env, timeout=300)
     assert longer.returncode == 0, longer.stderr
@@ -167,18 +177,7 @@ def test_a_run_whose_cache_cannot_be_written_says_so_and_claims_nothing_kept(tmp
     # kept what it finished.
     (tmp_path / "file").write_text("not a directory")
     cache_dir = tmp_path / "file" / "cache"
-    env = {**os.environ, "MEMPROBE_CACHE_DIR": str(cache_dir)}
-    args = [sys.executable, "-m", "memprobe", "compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256",
-            "--batch", "1", "--strategies", "unrolled,checkpoint", "--jobs", "1"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    said = []
-    for line in proc.stderr:
-        said.append(line.rstrip("\n"))
-        if line.startswith("memprobe: checkpoint: compiling"):
-            proc.send_signal(signal.SIGTERM)
-            break
-    said += proc.communicate(timeout=30)[1].splitlines()
-    assert proc.returncode == 143, said
+    said = _stopped_at_checkpoint({**os.environ, "MEMPROBE_CACHE_DIR": str(cache_dir)})
     assert said[0] == (f"memprobe: results cache {cache_dir} cannot be written (Not a directory): nothing this run "
                        "compiles will be kept (MEMPROBE_CACHE_DIR names another directory)"), said
     assert said[-2:] == ["memprobe: unrolled finished, but nothing was kept: the results cache cannot be written",
