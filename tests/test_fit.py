@@ -140,7 +140,7 @@ def test_a_search_that_fails_midway_answers_nothing_and_its_note_says_what_it_sa
     assert (s.error, sorted(s.peaks), s.largest, s.smallest_over) == ("batch 50: boom", [1, 2, 51], 2, 51)
     fit = FitResult([s], [_record(gib)], 50 * gib + gib // 2, "HBM", 1024)
     [row] = rows(fit)
-    assert row["note"] == "failed: batch 50: boom; before it stopped, batch 2 fit (2.00 GiB) and batch 51 was over HBM"
+    assert row["note"] == "failed: batch 50: boom; before it stopped, batch 2 fit (2.00 GiB) and batch 51 was over the budget"
     shown = ("#", "largest batch", "global batch", "peak GiB", "peak bytes", "% of budget", "next batch",
              "its peak GiB", "host GiB", "next batch over")
     assert {row[c] for c in shown if c in row} == {"-"}
@@ -148,6 +148,11 @@ def test_a_search_that_fails_midway_answers_nothing_and_its_note_says_what_it_sa
     assert (js["largest_batch"], js["peak_bytes"], js["next_batch"], js["limit_reached"]) == (None, None, None, False)
     assert js["peaks"] == {"1": gib, "2": 2 * gib, "51": 51 * gib} and js["error"] == "batch 50: boom"
     assert fit.answers() == {"s": None}
+    # A peak that reads 0.00 GiB (a tiny model) is said in bytes.
+    [s] = search(["s"], 50 * 2**20, 1024, lambda pairs: [dataclasses.replace(_record(0), status="failed", error="boom")
+                                                         if b == 50 else _record(b * 2**20) for _, b in pairs])
+    assert _note(FitResult([s], [], 50 * 2**20, "--budget", 1024), s).endswith(
+        "before it stopped, batch 2 fit (2,097,152 bytes) and batch 51 was over the budget")
     # Read back, the same row.
     again = FitResult.from_json(json.loads(json.dumps(fit.to_json())))
     assert rows(again) == [row]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import IO
 
-from memprobe.measure import GIB
+from memprobe.measure import GIB, in_gib
 from memprobe.render import FitFormat
 from memprobe.render.columns import Column, fitted_table
 from memprobe.render.frame import (CPU_NOTE, PEAK_FORMULA, devices, fmt, model_note, per_microbatch, step_name,
@@ -30,9 +30,10 @@ def columns(fit: FitResult) -> tuple[str, ...]:
 
 def _note(fit: FitResult, s: StrategySearch) -> str:
     if s.error is not None:  # no answer; what the search had learnt before it stopped, a bound on one
-        known = [f"{fit.axis} {s.value(s.largest)} fit ({s.peaks[s.largest] / GIB:.2f} GiB)"] if s.largest else []
+        known = [f"{fit.axis} {s.value(s.largest)} fit ({in_gib(s.peaks[s.largest])[0]})"] if s.largest else []
         hi = s.smallest_over
-        known += [f"{fit.axis} {s.value(hi)} was over {' and '.join(s.over(hi))}"] if hi is not None else []
+        over = " and ".join(s.over(hi)).replace("HBM", "the budget") if hi is not None else ""  # as notes below say
+        known += [f"{fit.axis} {s.value(hi)} was over {over}"] if hi is not None else []
         return f"failed: {s.error}" + (f"; before it stopped, {' and '.join(known)}" if known else "")
     notes = []
     if s.largest == 0:
