@@ -78,6 +78,7 @@ def _topology_kind(topology: str | None) -> str | None:
     m = re.match(r"([a-z0-9]+)[:=_]", topology or "")
     return m.group(1) if m and m.group(1) in TPU_KINDS else None
 
+
 # GPU targets: the compiler target configs (GpuTargetConfigProto, text format) that the
 # installed JAX CUDA plugin ships, by their device_description_str. The plugin is read,
 # not copied, so capacities and compiler parameters always match the compiler in use.

@@ -95,11 +95,11 @@ def _explain_report(data: dict, path: Path, format: Format, output: Path | None,
     check_top(top)
     answer = r.from_json(data, str(path))
     check_writable(output)
-    check_chart(chart)
+    chart_format = check_chart(chart)
     if chart is not None:
         if not answer.explained:
             raise BadInput(f"{path}: --chart: no strategy here was explained, so there is no curve to draw")
-        write_bytes(chart, r.curve_chart(answer, check_chart(chart)))
+        write_bytes(chart, r.curve_chart(answer, chart_format))
     with output_file(output) as f:
         r.write(answer, format.value, f, top)
     return 0

@@ -1,6 +1,6 @@
-"""A chart (PNG, SVG or PDF) of one comparison: per strategy, a stacked bar of the peak's parts, with the
-device's HBM capacity as a horizontal line; and of a sweep, each strategy's peak as a line
-across the shapes, with the same capacity line.
+"""A chart (PNG, SVG or PDF) of one comparison: per strategy, a stacked bar of the peak's
+parts, with the device's HBM capacity as a horizontal line; and of a sweep, each strategy's
+peak as a line across the shapes, with the same capacity line.
 
 Parts, bottom to top: arguments (parameters, optimizer state, the batch), outputs not
 aliased to an argument, temporaries (activations, gradients, everything else the step
@@ -37,6 +37,7 @@ def save(fig, fmt: str) -> bytes:
     fig.savefig(buf, format=fmt, metadata=_NO_DATE[fmt])
     plt.close(fig)
     return buf.getvalue()
+
 
 # Fixed axes placement, so a reader (and the tests) can find the bars in the image.
 AXES = {"left": 0.12, "right": 0.97, "bottom": 0.22, "top": 0.90}
@@ -120,11 +121,11 @@ SWEEP_HEADROOM = 1.15
 
 
 def render_sweep_chart(sw: Sweep, fmt: str = "png") -> bytes:
-    """A sweep as the bytes of a ``fmt`` file: a line per strategy through its peaks at each shape (broken
-    where it was not compiled or failed, a lone point marked), shapes in the order of the sweep
-    table, the HBM capacity as a dashed line: where each strategy's line crosses it is where it
-    stops fitting. Across targets, points without lines (targets are no scale to draw a line
-    along), and each target's capacity as a dash of its own."""
+    """A sweep as the bytes of a ``fmt`` file: a line per strategy through its peaks at each
+    shape (broken where it was not compiled or failed, a lone point marked), shapes in the
+    order of the sweep table, the HBM capacity as a dashed line: where each strategy's line
+    crosses it is where it stops fitting. Across targets, points without lines (targets are
+    no scale to draw a line along), and each target's capacity as a dash of its own."""
     labels = list(sw.peaks.columns)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(labels) + 4.0), 5.0), dpi=100)
     fig.subplots_adjust(**{**AXES, "right": 0.72})  # the legend to the right of the lines
