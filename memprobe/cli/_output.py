@@ -85,13 +85,13 @@ def write_result(result: Result, fmt: Format, output: Path | None, chart: Path |
         from memprobe.render.frame import sweeps
 
         groups = result.comparisons
-        fmt = check_chart(chart)
+        chart_format = check_chart(chart)
         for i, group in enumerate(groups):
             path = chart if len(groups) == 1 else chart.with_name(f"{chart.stem}-{i + 1}{chart.suffix}")
-            write_bytes(path, render_chart(group, fmt))
+            write_bytes(path, render_chart(group, chart_format))
         side_by_side = sweeps(groups)  # the shapes (or targets) side by side: each strategy's peak across them
         for i, sw in enumerate(side_by_side):  # a sweep on several targets: one per target, in table order
             name = f"{chart.stem}-sweep{'' if len(side_by_side) == 1 else f'-{i + 1}'}{chart.suffix}"
-            write_bytes(chart.with_name(name), render_sweep_chart(sw, fmt))
+            write_bytes(chart.with_name(name), render_sweep_chart(sw, chart_format))
     with output_file(output) as f:
         render(result, fmt, f)

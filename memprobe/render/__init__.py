@@ -98,3 +98,5 @@ def render(result: Result, fmt: Format, file: IO[str]) -> None:
             from memprobe.render import html
 
             html.render(result, file)
+        case _:  # a caller's slip, never the user's: the CLI offers only the formats above
+            raise TypeError(f"not a result format: {fmt!r}")
