@@ -486,6 +486,17 @@ def _split_result(tmp_path, path, first):
     return parts
 
 
+def test_report_saves_an_svg_chart_beside_the_result_it_writes(tmp_path):
+    # The chart's format follows its suffix and leaves the result's own format alone (the
+    # two once shared a name, and the JSON came out empty).
+    out, svg = tmp_path / "e4b.json", tmp_path / "e4b.svg"
+    r = memprobe("report", E4B, "--format", "json", "-o", str(out), "--chart", str(svg), cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    alone = memprobe("report", E4B, "--format", "json", cwd=ROOT)
+    assert json.loads(out.read_text())["comparisons"] == json.loads(alone.stdout)["comparisons"]
+    assert svg.read_bytes().startswith(b"<?xml") and b"scan-periods</text>" in svg.read_bytes()
+
+
 def test_report_merges_results_of_one_configuration_into_one_table(tmp_path):
     # Strategies compiled in two runs read as the one comparison they would have made together.
     a, b = _split_result(tmp_path, E4B, 3)
