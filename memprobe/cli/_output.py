@@ -45,14 +45,19 @@ def check_writable(output: Path | None, option: str = "--output") -> None:
 CHART_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", "": "png"}
 
 
-def check_chart(chart: Path | None) -> str:
-    """Refuses a --chart path that cannot be written or names a format no chart is saved in,
-    before any compile starts; returns the format its suffix names."""
-    check_writable(chart, "--chart")
-    suffix = "" if chart is None else chart.suffix.lower()
-    if suffix not in CHART_FORMATS:
+def chart_format(chart: Path) -> str:
+    """The format a --chart path's suffix names; another suffix is refused."""
+    if chart.suffix.lower() not in CHART_FORMATS:
         raise BadInput(f"--chart {chart}: a chart is saved as .png, .svg or .pdf, not {chart.suffix}")
-    return CHART_FORMATS[suffix]
+    return CHART_FORMATS[chart.suffix.lower()]
+
+
+def check_chart(chart: Path | None) -> None:
+    """Refuses a --chart path that cannot be written or names a format no chart is saved in,
+    before any compile starts."""
+    check_writable(chart, "--chart")
+    if chart is not None:
+        chart_format(chart)
 
 
 def write_bytes(path: Path, data: bytes, option: str = "--chart") -> None:
@@ -85,13 +90,13 @@ def write_result(result: Result, fmt: Format, output: Path | None, chart: Path |
         from memprobe.render.frame import sweeps
 
         groups = result.comparisons
-        chart_format = check_chart(chart)
+        as_format = chart_format(chart)
         for i, group in enumerate(groups):
             path = chart if len(groups) == 1 else chart.with_name(f"{chart.stem}-{i + 1}{chart.suffix}")
-            write_bytes(path, render_chart(group, chart_format))
+            write_bytes(path, render_chart(group, as_format))
         side_by_side = sweeps(groups)  # the shapes (or targets) side by side: each strategy's peak across them
         for i, sw in enumerate(side_by_side):  # a sweep on several targets: one per target, in table order
             name = f"{chart.stem}-sweep{'' if len(side_by_side) == 1 else f'-{i + 1}'}{chart.suffix}"
-            write_bytes(chart.with_name(name), render_sweep_chart(sw, chart_format))
+            write_bytes(chart.with_name(name), render_sweep_chart(sw, as_format))
     with output_file(output) as f:
         render(result, fmt, f)

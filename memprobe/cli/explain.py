@@ -11,7 +11,8 @@ import typer
 from memprobe.api import explain_plan, run_explain
 from memprobe.cache import ResultCache
 from memprobe.cli import _options as o
-from memprobe.cli._output import check_chart, check_writable, command_line, messages, output_file, write_bytes
+from memprobe.cli._output import (check_chart, check_writable, chart_format, command_line, messages, output_file,
+                                  write_bytes)
 from memprobe.cli import compare
 from memprobe.cli.compare import check_run_options
 from memprobe.compile import DEFAULT_TIMEOUT_S
@@ -121,7 +122,7 @@ def _write(answer: Explained, fmt: ExplainFormat, output: Path | None, chart: Pa
     from memprobe.render import explain as r  # pandas, once there is an answer to render
 
     if chart is not None and answer.explained:
-        write_bytes(chart, r.curve_chart(answer, check_chart(chart)))
+        write_bytes(chart, r.curve_chart(answer, chart_format(chart)))
     elif chart is not None:  # every compile failed: say so rather than leave the file missing
         messages().print(f"memprobe: no chart written to {chart}: no strategy was explained")
     with output_file(output) as file:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from memprobe.cli import _options as o
-from memprobe.cli._output import check_chart, check_writable, output_file, write_bytes, write_result
+from memprobe.cli._output import check_chart, check_writable, chart_format, output_file, write_bytes, write_result
 from memprobe.errors import BadInput
 from memprobe.measure import parse_host_ram, with_host_ram
 from memprobe.liveness import EXPLAIN_SCHEMA
@@ -95,11 +95,11 @@ def _explain_report(data: dict, path: Path, format: Format, output: Path | None,
     check_top(top)
     answer = r.from_json(data, str(path))
     check_writable(output)
-    chart_format = check_chart(chart)
+    check_chart(chart)
     if chart is not None:
         if not answer.explained:
             raise BadInput(f"{path}: --chart: no strategy here was explained, so there is no curve to draw")
-        write_bytes(chart, r.curve_chart(answer, chart_format))
+        write_bytes(chart, r.curve_chart(answer, chart_format(chart)))
     with output_file(output) as f:
         r.write(answer, format.value, f, top)
     return 0

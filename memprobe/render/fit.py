@@ -32,8 +32,8 @@ def _note(fit: FitResult, s: StrategySearch) -> str:
     if s.error is not None:  # no answer; what the search had learnt before it stopped, a bound on one
         known = [f"{fit.axis} {s.value(s.largest)} fit ({in_gib(s.peaks[s.largest])[0]})"] if s.largest else []
         hi = s.smallest_over
-        over = " and ".join(s.over(hi)).replace("HBM", "the budget") if hi is not None else ""  # as notes below say
-        known += [f"{fit.axis} {s.value(hi)} was over {over}"] if hi is not None else []
+        if hi is not None:  # "the budget", as the notes below say: a --budget is not HBM
+            known.append(f"{fit.axis} {s.value(hi)} was over {' and '.join(s.over(hi)).replace('HBM', 'the budget')}")
         return f"failed: {s.error}" + (f"; before it stopped, {' and '.join(known)}" if known else "")
     notes = []
     if s.largest == 0:
