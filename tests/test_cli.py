@@ -361,6 +361,20 @@ def test_version_names_memprobe_and_its_compilers():
     assert any(line.startswith("  jax-cuda12-plugin ") for line in lines), r.stdout
 
 
+@pytest.mark.parametrize("args", [("targets",), ("targets", "--format", "json"), ("--version",)])
+def test_a_reader_that_closed_the_pipe_ends_it_quietly_with_141(args):
+    # `memprobe targets | head -1` exited 1, the code that says a strategy failed; rich's tables
+    # and plain prints meet the closed pipe in different places, so both are tried.
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "memprobe", *args], stdout=write, stderr=subprocess.PIPE,
+                           text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (141, ""), r.stderr
+
+
 def test_bare_memprobe_prints_its_help_and_no_error():
     # It printed the help, then "memprobe: error: " with nothing after it, exit 2.
     r = memprobe()

@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
 
     SIGTERM (``timeout``, ``kill``, a cancelled CI job) ends it as Ctrl-C does: with one
     line, exit code 128 + the signal, and the compiles it started killed, not left running.
+    A reader that closes the pipe early (``memprobe targets | head -1``) ends it quietly with
+    141, what a shell reports for a command the closed pipe stopped: not 1, which says that a
+    strategy failed or a check did not pass.
     """
     previous = _catch_signals()
     _signalled.clear()
@@ -124,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except (Abort, KeyboardInterrupt):
         return _interrupted()
+    except SystemExit as e:
+        # typer and rich both answer a write to a closed pipe with exit(1), raised while they
+        # handle the BrokenPipeError, having first made later writes go nowhere
+        if isinstance(e.__context__, BrokenPipeError):
+            return 128 + signal.SIGPIPE
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
