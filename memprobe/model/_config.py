@@ -198,8 +198,7 @@ def attention_block_size(seq_len: int, preferred: int = 512) -> int:
 
 
 def default_loss_chunks(seq_len: int, max_chunk_tokens: int = 512) -> int:
-    """The fewest chunks of at most ``max_chunk_tokens`` tokens that divide ``seq_len``."""
-    for chunks in range(max(1, -(-seq_len // max_chunk_tokens)), seq_len + 1):
-        if seq_len % chunks == 0:
-            return chunks
-    return seq_len
+    """The fewest chunks of at most ``max_chunk_tokens`` tokens that divide ``seq_len``: the
+    sequence over its largest divisor up to ``max_chunk_tokens``, found in at most that many
+    steps (counting chunks up from the fewest took minutes for a ``seq_len`` of 10^11)."""
+    return seq_len // next(t for t in range(min(max_chunk_tokens, seq_len), 0, -1) if seq_len % t == 0)
