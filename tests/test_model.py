@@ -127,6 +127,20 @@ def test_sliding_window_visits_only_blocks_inside_the_window():
     assert _key_blocks_visited(8192, None) == 4 * _key_blocks_visited(4096, None)
 
 
+def test_the_loss_of_2_to_the_31_tokens_traces():
+    # The mean divided by the token count as a Python int, which JAX made an int32: a global
+    # batch of 2^31 tokens (seq 2^20 x 1 on 2048 devices) failed with an OverflowError.
+    graphdef, params = abstract_params(PRESETS["tiny-e2b"])
+    tokens = jax.ShapeDtypeStruct((2048, 2**20), jnp.int32)
+
+    def loss(p, x):
+        return nnx.merge(graphdef, p).loss(x, x, loss_chunks=2**11)
+
+    out = jax.eval_shape(loss, params, tokens)
+    assert (out.shape, out.dtype) == ((), jnp.float32)
+    assert default_loss_chunks(99_999_999_999) == 99_999_999_999 // 9  # 9 tokens a chunk: found at once
+
+
 def test_default_loss_chunks():
     assert default_loss_chunks(24576) == 48
     assert default_loss_chunks(256) == 1

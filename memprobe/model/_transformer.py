@@ -229,4 +229,4 @@ class Transformer(nnx.Module):
             return total + chunk_loss(*xs), None
 
         total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (hs, ts))
-        return total / (b * t)
+        return total / float(b * t)  # a float: 2^31 tokens or more (seq 2^20 x 2048 devices) overflow int32
