@@ -217,7 +217,7 @@ class ResultCache:
         each work at each shape, the newest ``TIMES_KEPT`` of them. Atomic, like an entry; a
         line appended by another process meanwhile may be lost, which costs one hint."""
         latest: dict[tuple, tuple[int, str]] = {}
-        for line in self._times_path.read_text().splitlines():
+        for line in self._times_path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 t = json.loads(line)
                 where, when = (t["work"], int(t["seq"]), int(t["batch"])), int(t["when"])
@@ -241,7 +241,7 @@ class ResultCache:
     def last_times(self, jobs: list[CompileJob]) -> list[tuple[float, int, int] | None]:
         """``last_time`` of each job, the log read once for them all."""
         try:
-            lines = self._times_path.read_text().splitlines()
+            lines = self._times_path.read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
             return [None] * len(jobs)
         records = []

@@ -77,8 +77,8 @@ def test_answering_from_the_cache_needs_no_jax():
 
 def test_compile_times_say_what_the_same_work_took_here(tmp_path):
     # One real compile is recorded; the same work at other shapes is answered from the
-    # nearest shapes in tokens, the same shapes win once known, other work knows nothing,
-    # and a damaged line or a re-stored cache hit changes nothing.
+    # nearest shapes in tokens, the same shapes win once known, other work knows nothing, and a
+    # damaged line (a traceback when it was no UTF-8) or a re-stored cache hit changes nothing.
     target = resolve_target("cpu", 1)
     jobs = jobs_for("tiny-e2b", target, seq=256, batch=1, strategies=["checkpoint", "unrolled"])
     job = jobs["checkpoint"]
@@ -92,8 +92,8 @@ def test_compile_times_say_what_the_same_work_took_here(tmp_path):
     at_512 = jobs_for("tiny-e2b", target, seq=512, batch=1, strategies=["checkpoint"])["checkpoint"]
     at_2048 = jobs_for("tiny-e2b", target, seq=2048, batch=1, strategies=["checkpoint"])["checkpoint"]
     assert cache.last_time(at_512) == (recorded, 256, 1)
-    with open(tmp_path / "compile-times.jsonl", "a") as f:
-        f.write('{"work": "cut sho\n')
+    with open(tmp_path / "compile-times.jsonl", "ab") as f:  # cut short, and bytes that are no UTF-8
+        f.write(b'{"work": "cut sho\n\xff\xfe\n')
     cache.put(at_2048, env, dataclasses.replace(m, process_seconds=99.0))
     assert cache.last_time(at_2048) == (99.0, 2048, 1)
     assert cache.last_time(at_512) == (recorded, 256, 1)  # 2x the tokens is nearer than 4x
