@@ -40,5 +40,8 @@ def read_toml(path: Path, kind: str) -> dict[str, Any]:
         raise BadInput(f"{path}: {kind} not found") from None
     except tomllib.TOMLDecodeError as e:
         raise BadInput(f"{path}: not valid TOML ({e})") from None
+    except UnicodeDecodeError as e:  # tomllib reads UTF-8 only
+        raise BadInput(f"{path}: not valid TOML (not UTF-8 text: byte {e.object[e.start]:#04x} at offset "
+                       f"{e.start})") from None
     except OSError as e:
         raise BadInput(f"{path}: cannot read ({e.strerror})") from None

@@ -247,11 +247,14 @@ def read_json(path: Path) -> Any:
     """A JSON file the user named; a missing or unreadable one is refused in one line."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise BadInput(f"{path}: file not found") from None
     except OSError as e:
         raise BadInput(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{path}: not valid JSON (not UTF-8 text: byte {e.object[e.start]:#04x} at offset "
+                       f"{e.start})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

@@ -233,12 +233,13 @@ def test_a_written_model_file_keeps_any_description(tmp_path):
     ("m", 'base = "tiny-e2b"\nname = "x"\n', "m.toml: unknown key 'name': a model file is named by its file name"),
     ("m", 'vocab_size = 512\n', "m.toml: missing key 'width' (or start from a preset"),
     ("m", 'base = "tiny-e2b\n', "m.toml: not valid TOML"),
+    ("m", b'base = "tiny-e2b"\n\xff\n', "m.toml: not valid TOML (not UTF-8 text: byte 0xff at offset 18)"),
     ("tiny-e2b", 'base = "tiny-e2b"\nvocab_size = 1024\n', "tiny-e2b.toml: a model file is named by its file name, "
      "and 'tiny-e2b' is a preset's"),
 ])
 def test_a_model_file_that_cannot_build_is_refused_in_one_line(tmp_path, name, text, message):
     path = tmp_path / f"{name}.toml"
-    path.write_text(text)
+    path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
     with pytest.raises(BadInput) as e:
         resolve_model(str(path))
     assert str(e.value).removeprefix(f"{tmp_path}/").startswith(message), str(e.value)

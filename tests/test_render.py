@@ -146,6 +146,16 @@ def test_malformed_results_are_refused(text, message):
         Result.from_json(json.loads(text))
 
 
+def test_a_result_file_that_is_no_utf8_is_refused_in_one_line(tmp_path):
+    # A file saved as Latin-1 by an editor was a UnicodeDecodeError traceback.
+    from memprobe.errors import BadInput
+
+    path = tmp_path / "r.json"
+    path.write_bytes(b'{"schema": "memprobe.result", "command": "caf\xe9"}')
+    with pytest.raises(BadInput, match=re.escape(f"{path}: not valid JSON (not UTF-8 text: byte 0xe9 at offset 45)")):
+        Result.load(path)
+
+
 def test_host_column_is_explained_only_where_a_row_offloads():
     from pathlib import Path
 

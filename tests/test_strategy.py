@@ -66,6 +66,8 @@ BAD_FILES = {
                             "layer_input both saved and offloaded"),
     "bad loop": ('description = "x"\nloop = "sometimes"\n', "loop: 'sometimes' is not one of"),
     "not toml": ('description = "x\nloop = \n', "not valid TOML"),
+    "latin-1": (b'description = "x\xe9"\nloop = "checkpoint"\n',
+                "not valid TOML (not UTF-8 text: byte 0xe9 at offset 16)"),
     "wrong type": ('description = "x"\nloop = "checkpoint"\nprevent_cse = "yes"\n',
                    "prevent_cse: expected bool"),
     "unrolled with policy": ('description = "x"\nloop = "unrolled"\npolicy = "dots_saveable"\n',
@@ -80,7 +82,7 @@ BAD_FILES = {
 def test_bad_strategy_file_is_refused_naming_file_and_key(tmp_path, case):
     text, message = BAD_FILES[case]
     path = tmp_path / "mine.toml"
-    path.write_text(text)
+    path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
     with pytest.raises(BadInput) as e:
         load_strategy(path)
     assert message in str(e.value)
