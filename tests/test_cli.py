@@ -92,6 +92,7 @@ COMPARE_BAD = [
     (["--strategies-dir", "/nonexistent"], "/nonexistent: strategies directory not found"),
     (["--strategies-dir", "memprobe"], "memprobe: no strategy files (*.toml) in this strategies directory"),
     (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0.0"),
+    (["--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
     (["--jobs", "0"], "--jobs must be a positive integer, got 0"),
     (["--max-host-memory", "lots"], "--max-host-memory: 'lots' is not a size like 90GiB"),
     (["--target", "cpu", "--strategies", "offload"],
@@ -128,6 +129,8 @@ COMPARE_BAD = [
     (["--model", "strategies/checkpoint.toml"], "strategies/checkpoint.toml: unknown key 'loop'"),
     # A chart is PNG, SVG or PDF by its suffix; a .jpg used to get PNG bytes, after the compiles.
     (["--chart", "peaks.jpg"], "--chart peaks.jpg: a chart is saved as .png, .svg or .pdf, not .jpg"),
+    # `-o -` is standard output; `--chart -` wrote a PNG into a file named "-".
+    (["--chart", "-"], "--chart -: a chart is written to a file, not to standard output; name one (peaks.png)"),
 ]
 E4B = "reports/gemma4-e4b-seq24576-b8-tpu7x-8.json"
 EXPLAINED = "reports/gemma4-e4b-seq24576-b8-tpu7x-8-explain-offload-mlp.json"
@@ -373,6 +376,15 @@ def test_a_reader_that_closed_the_pipe_ends_it_quietly_with_141(args):
     finally:
         os.close(write)
     assert (r.returncode, r.stderr) == (141, ""), r.stderr
+
+
+def test_output_dash_is_standard_output(tmp_path):
+    # `-o -` wrote a file named "-" and printed nothing.
+    r = memprobe("report", str(ROOT / "reports" / "baseline-ci.json"), "-o", "-", "--format", "json", cwd=tmp_path,
+                 timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["schema"] == "memprobe.result"
+    assert list(tmp_path.iterdir()) == [] and "wrote" not in r.stderr
 
 
 def test_bare_memprobe_prints_its_help_and_no_error():

@@ -74,7 +74,7 @@ NoCache = Annotated[bool, typer.Option(
 FormatOpt = Annotated[Format, typer.Option("--format", help="table (terminal), markdown (pull "
                                            "request), json (the result schema), csv, html (with chart).")]
 Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the result to this file "
-                                             "instead of standard output.")]
+                                             "instead of standard output (- is standard output).")]
 Chart = Annotated[Path | None, typer.Option(
     "--chart", help="Also save a chart (PNG; SVG or PDF for a .svg or .pdf file): per strategy, the peak's parts "
     "stacked, HBM capacity as a line; one per shape of a sweep (or target) (FILE-1.png, ...) and FILE-sweep.png, "

@@ -28,9 +28,13 @@ def command_line() -> str:
     return shlex.join(["memprobe", *sys.argv[1:]])
 
 
+#: The --output that names standard output, as for most tools (it wrote a file named "-").
+STDOUT = Path("-")
+
+
 def check_writable(output: Path | None, option: str = "--output") -> None:
     """Refuses an output path that cannot be written, before any compile starts."""
-    if output is None:
+    if output is None or (output == STDOUT and option == "--output"):
         return
     if output.is_dir():
         raise BadInput(f"{option} {output}: is a directory")
@@ -55,6 +59,8 @@ def chart_format(chart: Path) -> str:
 def check_chart(chart: Path | None) -> None:
     """Refuses a --chart path that cannot be written or names a format no chart is saved in,
     before any compile starts."""
+    if chart == STDOUT:
+        raise BadInput("--chart -: a chart is written to a file, not to standard output; name one (peaks.png)")
     check_writable(chart, "--chart")
     if chart is not None:
         chart_format(chart)
@@ -71,8 +77,9 @@ def write_bytes(path: Path, data: bytes, option: str = "--chart") -> None:
 
 @contextlib.contextmanager
 def output_file(output: Path | None) -> Iterator[IO[str]]:
-    """Standard output, or the --output file (an OS error is one line, success is said)."""
-    if output is None:
+    """Standard output (no --output, or ``-o -``), or the --output file (an OS error is one
+    line, success is said)."""
+    if output is None or output == STDOUT:
         yield sys.stdout
         return
     try:
