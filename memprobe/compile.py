@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from memprobe.errors import BadInput
-from memprobe.measure import OOM_ALLOCATIONS_KEPT, OVER_HBM, SIZE_UNITS, Allocation, Measurement
+from memprobe.measure import OOM_ALLOCATIONS_KEPT, OVER_HBM, SIZE_UNITS, Allocation, Measurement, in_gib
 from memprobe.model_file import is_preset, model_mapping
 from memprobe.plan import CompileJob
 from memprobe.targets import Target
@@ -455,12 +455,12 @@ def _isolated(job: CompileJob, mode: str, timeout_s: float, tick: Callable[[floa
                     if elapsed > timeout_s:
                         proc.kill()
                         proc.wait()
-                        return f"timed out after {timeout_s:.0f} s"
+                        return f"timed out after {timeout_s:g} s"  # --timeout 0.5: not "0 s"
                     if max_host_bytes and _rss_bytes(proc.pid) > max_host_bytes:
                         proc.kill()
                         proc.wait()
-                        return (f"used more than {max_host_bytes / 1024**3:.2f} GiB of host "
-                                "memory (the --max-host-memory cap)")
+                        return (f"used more than {in_gib(max_host_bytes)[0]} of host memory "
+                                "(the --max-host-memory cap)")  # a cap under 0.005 GiB in bytes
                     try:
                         proc.wait(timeout=0.25)
                     except subprocess.TimeoutExpired:

@@ -63,11 +63,12 @@ def test_a_compile_killed_mid_way_fails_only_its_row():
     assert ok[0].peak_bytes > 0
 
 
-def test_host_memory_cap_fails_the_row_and_exit_1():
+@pytest.mark.parametrize("cap,said", [("200MiB", "0.20 GiB"), ("1MiB", "1,048,576 bytes")])  # not "0.00 GiB"
+def test_host_memory_cap_fails_the_row_and_exit_1(cap, said):
     r = memprobe("compare", "--model", "tiny-e2b", "--target", "cpu", "--seq", "256", "--batch", "1",
-                 "--strategies", "unrolled", "--no-cache", "--max-host-memory", "200MiB")
+                 "--strategies", "unrolled", "--no-cache", "--max-host-memory", cap)
     assert r.returncode == 1
-    assert "unrolled failed: used more than 0.20 GiB of host memory (the --max-host-memory cap)" in r.stdout
+    assert f"unrolled failed: used more than {said} of host memory (the --max-host-memory cap)" in r.stdout
 
 
 def _running(pid: int) -> bool:
