@@ -39,7 +39,7 @@ import dataclasses
 from collections.abc import Callable
 
 from memprobe.errors import BadInput
-from memprobe.measure import (GIB, Measurement, host_ram_check, parse_positive_size, with_host_ram)
+from memprobe.measure import (Measurement, host_ram_check, in_gib, parse_positive_size, with_host_ram)
 from memprobe.model._config import attention_block_size, default_loss_chunks
 from memprobe.plan import CompileJob, Plan, Shapes, sweep
 from memprobe.result import TARGET_FIELDS
@@ -439,7 +439,7 @@ def fit_plan(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, 
         wanted = [plan.job(by_name[name], shapes(n)) for name, n in pairs]
         sizes = ("batch size" if axis == "batch" else "sequence length") + ("s" if len(pairs) != 1 else "")
         what = (f"{len(pairs)} {sizes} for {plan.model.name} on {plan.target.label} at {held_by(plan, axis)} "
-                f"(round {rounds}, budget {limits.budget / GIB:.2f} GiB)")
+                f"(round {rounds}, budget {in_gib(limits.budget)[0]})")
         out = runner(wanted, [f"{name} {axis} {n * unit}{f' @ {at}' if at else ''}" for name, n in pairs], what)
         if limits.host_ram is not None:
             out = with_host_ram(out, limits.host_ram, limits.devices_per_host)

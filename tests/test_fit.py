@@ -299,7 +299,7 @@ def test_fit_with_host_ram_stops_where_offload_fills_the_host(tmp_path):
     assert records[("offload-mlp", 1)]["host_bytes"] > ram
     md = memprobe("report", str(path))
     assert md.returncode == 0, md.stderr
-    assert "and 0.00 GiB host RAM per host of 1 device on v5p:1x1x1" in md.stdout
+    assert "and 1,048,576 bytes host RAM per host of 1 device on v5p:1x1x1" in md.stdout  # not 0.00 GiB
     assert f"| offload | {b} | {b} |" in md.stdout and "| host RAM |" in md.stdout
     assert "over host RAM at batch 1" in md.stdout and f"at most {ram:,} bytes per device" in md.stdout
 

@@ -88,12 +88,12 @@ def rows(fit: FitResult) -> list[dict[str, str]]:
 
 def title(fit: FitResult) -> str:
     m = fit.measurements[0]
-    host = (f" and {fit.host_ram / GIB:.2f} GiB host RAM per host of {devices(fit.devices_per_host)}"
+    host = (f" and {in_gib(fit.host_ram)[0]} host RAM per host of {devices(fit.devices_per_host)}"
             if fit.host_ram is not None else "")
     micro = per_microbatch(m)
     what = (f"seq {m.seq_len}: the largest per-device batch{micro}" if fit.axis == "batch"
             else f"per-device batch {m.batch_per_device}{micro}: the longest sequence")
-    return f"{m.model} {step_name(m)}, {what} within {fit.budget / GIB:.2f} GiB per device{host} on {where(m)}"
+    return f"{m.model} {step_name(m)}, {what} within {in_gib(fit.budget)[0]} per device{host} on {where(m)}"
 
 
 def footnotes(fit: FitResult) -> list[str]:
@@ -103,13 +103,15 @@ def footnotes(fit: FitResult) -> list[str]:
                  else "from --budget."))
     accum = f" x {m.grad_accum} microbatches" if m.grad_accum > 1 else ""
     if fit.axis == "batch":
-        search = ("Every batch shown was compiled: the largest batch fits, the next batch is over. The search "
+        search = ("Every batch shown was compiled: the largest batch fits and the next batch is over (a row at "
+                  "the search limit, --max-batch, has no next batch). The search "
                   "draws the peak's line through batch 1 and 2 and compiles the batch it predicts with the one "
                   "after; compiles counts the batches each strategy needed.")
         amount, thing = f"global batch = per-device batch x devices{accum}.", "batch"
     else:
-        search = (f"Every length shown was compiled: the longest fits, the next ({fit.unit} tokens, one attention "
-                  f"block, longer) is over. The search draws the peak's line through seq {fit.unit} and "
+        search = (f"Every length shown was compiled: the longest fits and the next ({fit.unit} tokens, one "
+                  f"attention block, longer) is over (a row at the search limit, --max-seq, has no next length). "
+                  f"The search draws the peak's line through seq {fit.unit} and "
                   f"{2 * fit.unit} and compiles the length it predicts with the next; compiles counts the "
                   "lengths each strategy needed.")
         amount, thing = f"tokens per device = seq x per-device batch{accum}.", "length"
@@ -234,7 +236,7 @@ def sweep_rows(fits: list[FitResult], axis: str = "shape") -> tuple[list[str], l
 def _within(fits: list[FitResult]) -> str:
     """The budget a side-by-side's cells fit: one size, or each target's own HBM."""
     if len({f.budget for f in fits}) == 1:
-        return f"{fits[0].budget / GIB:.2f} GiB per device"
+        return f"{in_gib(fits[0].budget)[0]} per device"
     return "each target's HBM per device"
 
 
