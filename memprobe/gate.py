@@ -4,13 +4,15 @@ strategy out. `memprobe check` and ``memprobe.check`` are built on it."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from memprobe.compile import GPU_PACKAGES, versions
 from memprobe.errors import BadInput
-from memprobe.measure import GIB, Measurement, parse_positive_size, parse_size
+from memprobe.measure import GIB, Measurement, in_gib, parse_positive_size, parse_size
 from memprobe.model_file import model_from_mapping
 from memprobe.plan import Plan, make_plan, recipe
 from memprobe.result import Result
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
 
 # The versions a baseline must share with this run: they decide the compiled figures.
 COMPILER_PACKAGES = ("jax", "jaxlib", "libtpu")
+
+_BARE_NUMBER = re.compile(r"[0-9]*\.?[0-9]+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,9 +41,12 @@ class Tolerance:
                 value = float(t[:-1])
             except ValueError:
                 value = -1.0
-            if value < 0:
+            if not 0 <= value < math.inf:  # nan% and inf% too: no figure is within either
                 raise BadInput(f"--tolerance: {text!r} is not a percentage like 2%")
             return cls(relative=value / 100)
+        if _BARE_NUMBER.fullmatch(t):  # 2 meant as 2% would be a 2-byte gate: say which
+            raise BadInput(f"--tolerance: {text!r} has no unit: a percentage like {t}%, or a size like {t}GiB "
+                           f"({t}B for bytes)")
         try:
             size = parse_size(t, "--tolerance")
         except BadInput:  # neither: name both forms a tolerance takes
@@ -54,7 +61,7 @@ class Tolerance:
     def __str__(self) -> str:
         if self.relative is not None:
             return f"{self.relative * 100:g}%"
-        return f"{(self.absolute_bytes or 0) / GIB:.2f} GiB"
+        return in_gib(self.absolute_bytes or 0)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +184,7 @@ def summary(verdicts: list[Verdict], tolerance: Tolerance, max_peak: int | None)
     failed = [v for v in verdicts if not v.passed]
     several = len({configuration(v.base) for v in verdicts}) > 1
     return (f"memprobe check: {len(verdicts) - len(failed)} of {len(verdicts)} within tolerance {tolerance}"
-            + (f" and under {max_peak / GIB:.2f} GiB" if max_peak is not None else "")
+            + (f" and under {in_gib(max_peak)[0]}" if max_peak is not None else "")
             + ("" if not failed else "; failing: " + ", ".join(failing(v, several) for v in failed)))
 
 

@@ -46,8 +46,11 @@ def test_baseline_ten_percent_lower_fails_naming_the_strategy(baseline, tmp_path
         row["temp_bytes"] -= row["peak_bytes"] // 10
 
     # The baseline given as an argument, like `memprobe report FILE`, is the same gate.
-    r = memprobe("check", str(_edited(baseline, tmp_path, lower)))
+    # A job summary that cannot be written is said, and the exit code stays the verdicts' (it was 2).
+    r = memprobe("check", str(_edited(baseline, tmp_path, lower)), env={"GITHUB_STEP_SUMMARY": "/nonexistent/s.md"})
     assert r.returncode == 1
+    assert ("memprobe: GITHUB_STEP_SUMMARY /nonexistent/s.md: cannot write (No such file or directory); the verdicts "
+            "are not in the job summary") in r.stderr and "error" not in r.stderr
     assert "failing: checkpoint (regressed)" in r.stdout
     [line] = [l for l in r.stdout.splitlines() if l.startswith("│") and "│ checkpoint " in l]
     assert "regressed" in line and "+11.1" in line
@@ -132,6 +135,12 @@ def test_missing_baseline_and_bad_tolerance(tmp_path):
     assert r.returncode == 2 and "none.json: file not found" in r.stderr
     r = memprobe("check", "--baseline", str(tmp_path / "none.json"), "--tolerance", "lots")
     assert r.returncode == 2 and "--tolerance: 'lots' is not a percentage like 2% or a size like 0.5GiB" in r.stderr
+    # 2 meant as 2% was a gate of 2 bytes; nan% was a traceback.
+    r = memprobe("check", "--baseline", str(tmp_path / "none.json"), "--tolerance", "2")
+    assert r.returncode == 2 and r.stderr.strip() == ("memprobe: error: --tolerance: '2' has no unit: a percentage "
+                                                      "like 2%, or a size like 2GiB (2B for bytes)")
+    r = memprobe("check", "--baseline", str(tmp_path / "none.json"), "--tolerance", "nan%")
+    assert r.returncode == 2 and r.stderr.strip() == "memprobe: error: --tolerance: 'nan%' is not a percentage like 2%"
     # A budget of nothing failed every strategy "under 0.00 GiB" after recompiling them all.
     r = memprobe("check", "--baseline", str(tmp_path / "none.json"), "--max-peak", "0GiB")
     assert r.returncode == 2 and r.stderr.strip() == "memprobe: error: --max-peak must be a positive size, got '0GiB'"
@@ -172,5 +181,5 @@ def test_host_bytes_that_grew_fail_the_gate_though_the_peak_held(tmp_path):
     assert "failing: offload (host regressed)" in r.stdout and "checkpoint (" not in r.stdout
     # An absolute tolerance above the difference lets it pass.
     diff = rows["offload"]["host_temp_bytes"] // 10
-    loose = memprobe("check", "--baseline", str(_edited(path, tmp_path, less_host)), "--tolerance", f"{diff + 1}")
+    loose = memprobe("check", "--baseline", str(_edited(path, tmp_path, less_host)), "--tolerance", f"{diff + 1}B")
     assert loose.returncode == 0, loose.stdout
