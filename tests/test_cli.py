@@ -156,6 +156,8 @@ EXPLAIN_BAD = [
     (["--strategy", "fastest"], "unknown strategy 'fastest'"),
     (["--strategy", "unrolled", "--top", "0"], "--top must be a positive integer, got 0"),
     (["--strategy", "unrolled", "--seq", "-1"], "--seq must be a positive integer, got -1"),
+    (["--strategy", "unrolled", "--seq", "512,1024"],
+     "Invalid value for '--seq': '512,1024' is not an integer (one value here)"),  # compare's sweep is not explain's
     (["--strategy", "unrolled", "--chart", "heap.gif"], "--chart heap.gif: a chart is saved as .png, .svg or .pdf"),
     # --diff takes two values, so the next option would be read as the second strategy.
     (["--diff", "unrolled", "--model", "tiny-e2b"],

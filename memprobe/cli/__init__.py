@@ -154,7 +154,8 @@ def _usage_message(e: TyperException) -> str:
         return message
     kind, value, said = _NOT_A.get(first.get("type")), first.get("input"), first.get("msg", "")
     if kind and isinstance(value, str) and said and said in message:
-        return message.replace(said, f"{value!r} is not {kind}")
+        several = " (one value here)" if "," in value else ""  # explain --seq 512,1024: no sweep
+        return message.replace(said, f"{value!r} is not {kind}{several}")
     return message
 
 
