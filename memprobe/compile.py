@@ -512,7 +512,7 @@ def check_run(jobs: int | None, timeout_s: float) -> None:
     """The options of any run of compiles, refused before the first."""
     if jobs is not None and jobs < 1:
         raise BadInput(f"--jobs must be a positive integer, got {jobs}")
-    if not timeout_s > 0:  # nan too, which no elapsed time passes: no limit, as inf says openly
+    if not timeout_s > 0:  # nan too: no elapsed time is over it, so it meant no limit without saying so
         raise BadInput(f"--timeout must be a positive number of seconds, got {timeout_s}")
 
 

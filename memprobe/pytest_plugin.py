@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 
 from memprobe.errors import MemprobeError
-from memprobe.measure import GIB, Measurement, parse_size
+from memprobe.measure import GIB, Measurement, parse_positive_size
 
 
 def measure(*, model: str, seq: int, batch: int, strategy: str = "scan-checkpoint", target: str | None = None,
@@ -31,11 +31,12 @@ def measure(*, model: str, seq: int, batch: int, strategy: str = "scan-checkpoin
     ``target`` defaults to tpu7x, or to the TPU kind a ``topology`` like v5p:2x2x1 names."""
     # Imported here, not at plugin load: a project's pytest start-up should not import JAX.
     from memprobe.cache import ResultCache
-    from memprobe.compile import compile_jobs
+    from memprobe.compile import check_run, compile_jobs
     from memprobe.plan import make_plan
     from memprobe.strategy import load_catalogue, select
     from memprobe.targets import resolve_target, target_or_default
 
+    check_run(None, timeout)
     catalogue = load_catalogue([strategy_file] if strategy_file else ())
     plan = make_plan(model=model, strategies=select(catalogue, [strategy]),
                      target=resolve_target(target_or_default(target, topology), devices, topology), seq_len=seq,
@@ -68,7 +69,7 @@ def pytest_runtest_call(item):
     if len(marker.args) != 1:
         pytest.fail("memprobe_limit takes one positional argument, the limit (e.g. '90GiB')", pytrace=False)
     try:
-        limit = parse_size(str(marker.args[0]), "memprobe_limit")
+        limit = parse_positive_size(str(marker.args[0]), "the limit")  # "0GiB" failed every peak
         m = measure(**marker.kwargs)
     except (MemprobeError, TypeError, ValueError) as e:
         reason = f"memprobe_limit: {e}"

@@ -24,6 +24,11 @@ def test_misspelt():
     pass
 
 
+@pytest.mark.memprobe_limit("0GiB", **CONFIG)
+def test_zero_limit():
+    pass
+
+
 def test_fixture(memprobe_measure):
     m = memprobe_measure(**CONFIG)
     assert m.ok and 1 * 2**20 < m.peak_bytes < 2**30
@@ -34,7 +39,7 @@ def test_limit_marker_fails_too_low_and_passes_generous(pytester):
     pytester.makepyfile(test_project=PROJECT_TESTS)
     # The plugin is found through its pytest11 entry point, as in any project that installs memprobe.
     r = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider", "-o", "addopts=")
-    r.assert_outcomes(passed=2, failed=2)
+    r.assert_outcomes(passed=2, failed=3)
     # The limit as written and in bytes (it read "the limit 0.001 GiB" for 1MiB).
     r.stdout.fnmatch_lines(["*_ test_too_low _*",
                             "memprobe: tiny-e2b checkpoint on cpu: per-device peak * GiB (* bytes) exceeds "
@@ -42,6 +47,9 @@ def test_limit_marker_fails_too_low_and_passes_generous(pytester):
     # Bad configuration: the one line, no chained traceback around it.
     r.stdout.fnmatch_lines(["*_ test_misspelt _*",
                             "memprobe_limit: unknown strategy 'scan-chekpoint' (did you mean 'scan-checkpoint'?*"])
+    # A limit of nothing is refused, not compiled and failed (it failed every peak).
+    r.stdout.fnmatch_lines(["*_ test_zero_limit _*",
+                            "memprobe_limit: the limit must be a positive size, got '0GiB'"])
     assert "During handling of the above exception" not in r.stdout.str()
 
 
