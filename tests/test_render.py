@@ -124,13 +124,19 @@ def test_chart_saves_as_svg_or_pdf_the_same_bytes_every_time():
 
 
 def test_html_embeds_the_chart_and_figures():
-    import base64
+    # The chart is inline SVG (it was a PNG in base64): the same drawing as --chart FILE.svg,
+    # its ids numbered for the page, its words text a reader can search.
+    import xml.etree.ElementTree as ET
 
     text = rendered(Format.HTML)
     for r in rows().values():
         assert f"{r['peak_bytes']:,}" in text
-    [png] = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", text)
-    assert _bars(base64.b64decode(png)) == 3
+    [svg] = re.findall(r"<svg.*?</svg>", text, re.S)
+    ET.fromstring(svg)  # well-formed
+    saved = render_chart(Result.from_json(json.loads(result_json())).measurements, "svg").decode()
+    assert svg == re.sub(r'(\bid="|url\(#|href="#)', r"\g<1>c1-", saved[saved.index("<svg"):]).rstrip()
+    for name in rows():
+        assert re.search(r">\s*" + name + r"\s*</text>", svg), name
 
 
 @pytest.mark.parametrize("text,message", [

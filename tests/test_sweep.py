@@ -161,7 +161,10 @@ def test_results_of_several_shapes_merged_are_set_side_by_side_and_over_capacity
     assert len(rows) and all(abs(r - expected) <= 2 for r in rows), (rows, expected)
     page = io.StringIO()
     render(result, Format.HTML, page)
-    assert page.getvalue().count("data:image/png;base64,") == 3  # the sweep's chart and each shape's
+    svgs = re.findall(r"<svg.*?</svg>", page.getvalue(), re.S)  # the sweep's chart and each shape's
+    ids = [i for svg in svgs for i in re.findall(r'\bid="([^"]*)"', svg)]
+    refs = {r for svg in svgs for r in re.findall(r"url\(#([^)]*)\)", svg)}
+    assert len(svgs) == 3 and len(ids) == len(set(ids)) and refs <= set(ids)  # no id twice on the page
     # Every compile of the sweep failed (timed out, say): "failed" cells, and a chart still drawn.
     failed = Result([dataclasses.replace(m, status="failed", error="timed out after 1 s") for m in result.measurements])
     text = io.StringIO()

@@ -1,9 +1,10 @@
-"""A self-contained HTML report: the table (pandas), the flags, the chart embedded as PNG."""
+"""A self-contained HTML report: the table (pandas), the flags, the charts inline as SVG (sharp
+at any zoom, their words searchable text)."""
 
 from __future__ import annotations
 
-import base64
 import html
+import re
 from typing import IO
 
 import pandas as pd
@@ -23,11 +24,12 @@ def render(result: Result, file: IO[str]) -> None:
     file.write(f"<!doctype html>\n<html><head><meta charset='utf-8'><title>memprobe report</title>"
                f"<style>{_STYLE}</style></head><body>\n")
     groups = result.comparisons
+    charts = 0
     for sw in sweeps(groups):
         file.write(f"<h2>{html.escape(sw.title)}</h2>\n" + _sweep_table(sw)
                    + "<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in sw.notes()) + "</ul>\n")
-        png = base64.b64encode(chart.render_sweep_chart(sw)).decode()
-        file.write(f"<p><img alt='peak per strategy at each {sw.axis}' src='data:image/png;base64,{png}'></p>\n")
+        charts += 1
+        file.write(_figure(chart.render_sweep_chart(sw, "svg"), charts, f"peak per strategy at each {sw.axis}"))
     for group in groups:
         file.write(f"<h2>{html.escape(title(group[0]))}</h2>\n")
         file.write(markdown.markdown_frame(group).to_html(index=False, escape=True, border=0))
@@ -38,11 +40,19 @@ def render(result: Result, file: IO[str]) -> None:
         if flags:
             file.write("<ul>" + "".join(f"<li>{html.escape(f.strategy)}: <b>{html.escape(f.kind)}</b>: "
                                         f"{html.escape(f.reason)}</li>" for f in flags) + "</ul>\n")
-        png = base64.b64encode(chart.render_chart(group)).decode()
-        file.write(f"<p><img alt='peak per strategy' src='data:image/png;base64,{png}'></p>\n")
+        charts += 1
+        file.write(_figure(chart.render_chart(group, "svg"), charts, "peak per strategy"))
         file.write("<div class='notes'><ul>" + "".join(
             f"<li>{html.escape(n)}</li>" for n in footnotes(group, result.command)) + "</ul></div>\n")
     file.write("</body></html>\n")
+
+
+def _figure(svg: bytes, n: int, label: str) -> str:
+    """An SVG chart as an element of the page: from its <svg> tag on (no XML prolog), its ids
+    (clip paths) prefixed with the chart's number, so that no two charts' ids are the same."""
+    text = svg.decode()
+    text = re.sub(r'(\bid="|url\(#|href="#)', rf"\g<1>c{n}-", text[text.index("<svg"):])
+    return f"<figure role='img' aria-label='{html.escape(label)}'>{text}</figure>\n"
 
 
 def _sweep_table(sw: Sweep) -> str:
