@@ -138,13 +138,14 @@ def test_the_loss_of_2_to_the_31_tokens_traces():
 
     out = jax.eval_shape(loss, params, tokens)
     assert (out.shape, out.dtype) == ((), jnp.float32)
-    assert default_loss_chunks(99_999_999_999) == 99_999_999_999 // 9  # 9 tokens a chunk: found at once
 
 
 def test_default_loss_chunks():
     assert default_loss_chunks(24576) == 48
     assert default_loss_chunks(256) == 1
     assert default_loss_chunks(1536) == 3
+    # Its largest divisor up to 512 is 9: found at once (counting chunks up took minutes).
+    assert default_loss_chunks(99_999_999_999) == 99_999_999_999 // 9
 
 
 # Model files: a preset with some sizes changed, or every size given.
