@@ -77,7 +77,7 @@ def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: st
     return plan, skipped
 
 
-def resolve_plans(*, seq: Sequence[int], batch: Sequence[int], target: Sequence[str], devices: int | None = None,
+def resolve_plans(*, seq: Sequence[int], batch: Sequence[int], target: Sequence[str | None], devices: int | None = None,
                   topology: str | None = None, loss_chunks: int | None = None,
                   **options) -> tuple[list[Plan], list[tuple[Plan, list[str]]]]:
     """The checked plans of a comparison: one per shape of a sweep (every length of ``seq``
@@ -111,11 +111,10 @@ def run(plan: Plan | Sequence[Plan], *, jobs: int | None = None, timeout_s: floa
                                    on_event=on_event))
 
 
-def target_names(target: str | Sequence[str] | None, topology: str | None) -> list[str]:
-    """One target or several, as a list; none given, the default (see ``target_or_default``)."""
-    if target is None or isinstance(target, str):
-        return [target_or_default(target, topology)]
-    return list(target)
+def target_names(target: str | Sequence[str] | None) -> list[str | None]:
+    """One target or several, as a list; None (the default, which ``resolve_plan`` picks from
+    the topology) stays one."""
+    return [target] if target is None or isinstance(target, str) else list(target)
 
 
 def listed(value: int | Sequence[int], option: str) -> list[int]:
@@ -159,7 +158,7 @@ def compare(*, seq: int | Sequence[int] = 24576, batch: int | Sequence[int] = 8,
     ("checkpoint @ seq 8192"). ``target`` may be a list too: every strategy on each target
     (at each shape), one comparison per target and shape ("checkpoint @ h100 (8 devices)")."""
     plans, _ = resolve_plans(seq=listed(seq, "seq"), batch=listed(batch, "batch"),
-                             target=target_names(target, topology), devices=devices,
+                             target=target_names(target), devices=devices,
                              topology=topology, loss_chunks=loss_chunks, model=model, strategies=strategies,
                              strategy_files=strategy_files, strategies_dirs=strategies_dirs, step=step,
                              optimizer=optimizer, param_dtype=param_dtype, grad_accum=grad_accum)
@@ -215,7 +214,7 @@ def fit(*, vary: str = "batch", seq: int | Sequence[int] | None = None, batch: i
     seqs, batches = (None if v is None else listed(v, name) for v, name in ((seq, "seq"), (batch, "batch")))
     axis, unit, max_n, seq0, batch0 = search_axis(vary, seqs and seqs[0], batches and batches[0], max_batch,
                                                   max_seq, loss_chunks)
-    plans, skipped = resolve_plans(seq=[seq0], batch=[batch0], target=target_names(target, topology),
+    plans, skipped = resolve_plans(seq=[seq0], batch=[batch0], target=target_names(target),
                                    devices=devices, topology=topology, loss_chunks=loss_chunks,
                                    model=model, strategies=strategies, strategy_files=strategy_files,
                                    strategies_dirs=strategies_dirs, step=step, optimizer=optimizer,

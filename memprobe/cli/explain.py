@@ -19,7 +19,6 @@ from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.liveness import Explained
 from memprobe.plan import DEFAULT_MODEL, ParamDtype, Step
 from memprobe.render import DEFAULT_TOP, ExplainFormat, check_top
-from memprobe.targets import target_or_default
 
 
 def _two_names(pair: tuple[str, str] | None) -> tuple[str, str] | None:
@@ -71,8 +70,7 @@ def explain(
     Compiles with the compiler's dump files on, as long as a `compare` compile; the answer is kept in the results cache.
     """
     check_top(top)
-    plan = explain_plan(strategy, diff_pair, seq=seq, batch=batch, model=model,
-                        target=target_or_default(target, topology), devices=devices,
+    plan = explain_plan(strategy, diff_pair, seq=seq, batch=batch, model=model, target=target, devices=devices,
                         topology=topology, strategy_files=strategy_file or (), strategies_dirs=strategies_dir or (),
                         loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype,
                         grad_accum=grad_accum)
