@@ -161,7 +161,8 @@ def saved_list(data: Any, where: str, schema: str, kind: str, key: str) -> list:
     if not isinstance(data, dict):
         raise BadInput(f"{where}: not a memprobe {kind} (expected a JSON object)")
     if data.get("schema") != schema:
-        raise BadInput(f"{where}: not a memprobe {kind} (schema {data.get('schema')!r})")
+        found = f"schema {data['schema']!r}" if "schema" in data else 'no "schema" field'
+        raise BadInput(f"{where}: not a memprobe {kind} ({found}; expected {schema!r})")
     if data.get("schema_version") != SCHEMA_VERSION:
         raise BadInput(f"{where}: schema_version {data.get('schema_version')!r} is not supported "
                        f"(this memprobe reads {SCHEMA_VERSION})")

@@ -578,6 +578,21 @@ def test_report_refuses_a_malformed_explain_result_in_one_line(tmp_path, spoil, 
     assert line.startswith(f"memprobe: error: {path}: ") and message in line, line
 
 
+@pytest.mark.parametrize("content,found", [
+    ('{"schema": "memprobe.check", "schema_version": 1}', "schema 'memprobe.check'"),
+    ('{"comparisons": []}', 'no "schema" field'),
+])
+def test_report_names_what_it_renders_when_a_file_is_of_another_kind(tmp_path, content, found):
+    # A `check` verdict given to report was refused as "not a memprobe result (schema ...)",
+    # as if only comparisons rendered.
+    path = tmp_path / "other.json"
+    path.write_text(content)
+    r = memprobe("report", str(path), cwd=ROOT)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr.strip() == (f"memprobe: error: {path}: memprobe report cannot render this ({found}; it renders "
+                                "'memprobe.result', 'memprobe.fit', 'memprobe.fits' and 'memprobe.explain')")
+
+
 def test_report_refuses_a_merge_that_would_hide_or_mix_figures(tmp_path):
     a, b = _split_result(tmp_path, E4B, 3)
     twice = memprobe("report", str(a), str(a), cwd=ROOT)

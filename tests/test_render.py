@@ -141,7 +141,8 @@ def test_html_embeds_the_chart_and_figures():
 
 @pytest.mark.parametrize("text,message", [
     ("[1, 2]", "not a memprobe result (expected a JSON object)"),
-    ('{"schema": "other"}', "not a memprobe result (schema 'other')"),
+    ('{"schema": "other"}', "not a memprobe result (schema 'other'; expected 'memprobe.result')"),
+    ('{"comparisons": []}', "not a memprobe result (no \"schema\" field; expected 'memprobe.result')"),
     ('{"schema": "memprobe.result", "schema_version": 9}', "schema_version 9 is not supported"),
     ('{"schema": "memprobe.result", "schema_version": 1, "comparisons": []}', "comparisons: expected a non-empty list"),
 ])

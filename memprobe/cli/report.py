@@ -14,7 +14,7 @@ from memprobe.errors import BadInput
 from memprobe.measure import parse_host_ram, with_host_ram
 from memprobe.liveness import EXPLAIN_SCHEMA
 from memprobe.render import DEFAULT_TOP, ExplainFormat, FitFormat, Format, check_top
-from memprobe.result import Result, read_json
+from memprobe.result import SCHEMA, Result, read_json
 from memprobe.search import FITS_SCHEMA, FitResult, fits_from_json, merge_fits
 
 
@@ -48,6 +48,10 @@ def report(
             if len(results) > 1:
                 raise BadInput(f"{path}: an explain result renders on its own, not merged with other results")
             return _explain_report(data, path, format, output, chart, ram, DEFAULT_TOP if top is None else top)
+        if isinstance(data, dict) and data.get("schema") != SCHEMA:
+            found = f"schema {data['schema']!r}" if "schema" in data else 'no "schema" field'
+            raise BadInput(f"{path}: memprobe report cannot render this ({found}; it renders {SCHEMA!r}, "
+                           f"'memprobe.fit', {FITS_SCHEMA!r} and {EXPLAIN_SCHEMA!r})")
         if top is not None:
             raise BadInput(f"{path}: --top applies to an explain result, not to a comparison")
         loaded_files.append((str(path), Result.from_json(data, str(path))))
