@@ -33,7 +33,7 @@ def in_gib(*sizes: int) -> list[str]:
     gib = [f"{n / GIB:.2f}" for n in sizes]
     same = any(a == b and m != n for (a, m), (b, n) in itertools.combinations(zip(gib, sizes), 2))
     if same or any(g == "0.00" and n for g, n in zip(gib, sizes)):
-        return [f"{n:,} bytes" for n in sizes]
+        return [f"{n:,} byte" if n == 1 else f"{n:,} bytes" for n in sizes]
     return [f"{g} GiB" for g in gib]
 
 

@@ -105,5 +105,5 @@ def test_sizes_said_together_never_read_the_same_in_gib_when_they_differ():
     # the peak, both about 0.04 GiB, with 1.25 MiB bound for host memory: the flag once read
     # "XLA's peak 0.04 GiB > peak 0.04 GiB, with 0.00 GiB bound for host memory".
     assert in_gib(41_998_336, 40_138_240, 1_310_720) == ["41,998,336 bytes", "40,138,240 bytes", "1,310,720 bytes"]
-    assert in_gib(1_310_720) == ["1,310,720 bytes"]
+    assert in_gib(1_310_720) == ["1,310,720 bytes"] and in_gib(1) == ["1 byte"]
     assert in_gib(2 * gib, 2 * gib) == ["2.00 GiB", "2.00 GiB"]  # equal: nothing hidden
