@@ -115,9 +115,15 @@ class StrategySearch:
         return out
 
     @property
+    def failed(self) -> bool:
+        """The search stopped on an error (its ``error``): it answers nothing, though its
+        peaks say what it compiled before."""
+        return self.error is not None
+
+    @property
     def done(self) -> bool:
         lo, hi = self.largest, self.smallest_over
-        return self.error is not None or lo >= self.max_n or (hi is not None and hi == lo + 1)
+        return self.failed or lo >= self.max_n or (hi is not None and hi == lo + 1)
 
     def next_sizes(self) -> list[int]:
         """The n to compile next (one or two); empty when the search is over."""
@@ -228,12 +234,12 @@ class FitResult:
     def answers(self) -> dict[str, int | None]:
         """Per strategy, the largest batch (or length in tokens) compiled and fitting: 0 when
         even the smallest is over, None when its search failed."""
-        return {s.strategy: None if s.error is not None else s.value(s.largest) for s in self.searches}
+        return {s.strategy: None if s.failed else s.value(s.largest) for s in self.searches}
 
     def ranked(self) -> list[StrategySearch]:
         """Largest size first; among equals, the lower peak at it; failed searches last."""
         def key(s: StrategySearch):
-            return (s.error is not None, -s.largest, s.peaks.get(s.largest, 0))
+            return (s.failed, -s.largest, s.peaks.get(s.largest, 0))
         return sorted(self.searches, key=key)
 
     def to_json(self) -> dict:
@@ -242,7 +248,7 @@ class FitResult:
         a, rows = self.axis, []
         for s in self.ranked():
             # A failed search answers nothing (null), though its peaks say what it compiled.
-            failed = s.error is not None
+            failed = s.failed
             hi = None if failed else s.smallest_over
             rows.append({"strategy": s.strategy, f"largest_{a}": None if failed else s.value(s.largest),
                          "peak_bytes": None if failed else s.peaks.get(s.largest),

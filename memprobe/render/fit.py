@@ -29,7 +29,7 @@ def columns(fit: FitResult) -> tuple[str, ...]:
 
 
 def _note(fit: FitResult, s: StrategySearch) -> str:
-    if s.error is not None:  # no answer; what the search had learnt before it stopped, a bound on one
+    if s.failed:  # no answer; what the search had learnt before it stopped, a bound on one
         known = [f"{fit.axis} {s.value(s.largest)} fit ({in_gib(s.peaks[s.largest])[0]})"] if s.largest else []
         hi = s.smallest_over
         if hi is not None:  # "the budget", as the notes below say: a --budget is not HBM
@@ -64,7 +64,7 @@ def rows(fit: FitResult) -> list[dict[str, str]]:
     out = []
     for i, s in enumerate(fit.ranked(), 1):
         # A failed search has no answer: no size, peak or next size (its note says what it saw).
-        failed = s.error is not None
+        failed = s.failed
         peak = None if failed else s.peaks.get(s.largest)
         hi = None if failed else s.smallest_over
         out.append({
@@ -220,7 +220,7 @@ def sweep_rows(fits: list[FitResult], axis: str = "shape") -> tuple[list[str], l
     def cell(s: StrategySearch | None) -> str:
         if s is None:
             return "not searched"
-        if s.error is not None:
+        if s.failed:
             return "-"
         if not s.largest:
             return "0 (over)"
