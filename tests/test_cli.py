@@ -134,6 +134,7 @@ COMPARE_BAD = [
 ]
 E4B = "reports/gemma4-e4b-seq24576-b8-tpu7x-8.json"
 EXPLAINED = "reports/gemma4-e4b-seq24576-b8-tpu7x-8-explain-offload-mlp.json"
+FIT = "reports/gemma4-e2b-seq24576-tpu7x-8-fit.json"
 REPORT_BAD = [
     ([E4B, "--host-ram", "lots"], "--host-ram: 'lots' is not a size like 90GiB"),
     ([E4B, "--host-ram", "-1TiB"], "--host-ram: '-1TiB' is not a size like 90GiB"),
@@ -389,6 +390,41 @@ def test_output_dash_is_standard_output(tmp_path):
     assert list(tmp_path.iterdir()) == [] and "wrote" not in r.stderr
 
 
+def test_the_output_files_suffix_picks_the_format_when_none_is_given(tmp_path):
+    # `-o e4b.csv` wrote the terminal table, box characters and all, into the .csv file.
+    def written(name, *args):
+        r = memprobe("report", E4B, "-o", str(tmp_path / name), *args, cwd=ROOT)
+        assert r.returncode == 0, r.stderr
+        return (tmp_path / name).read_text()
+
+    def printed(fmt):
+        return memprobe("report", E4B, "--format", fmt, cwd=ROOT).stdout
+
+    assert written("e4b.csv") == printed("csv") and written("e4b.csv").startswith("model,target,")
+    assert written("e4b.JSON") == printed("json") and json.loads(written("e4b.JSON"))["schema"] == "memprobe.result"
+    assert written("e4b.htm") == printed("html") and written("e4b.htm").startswith("<!doctype html>")
+    assert written("e4b.txt") == written("e4b.md") == printed("markdown")  # report's default, and .md's
+    assert json.loads(written("e4b.md", "--format", "json"))["schema"] == "memprobe.result"  # a --format wins
+
+
+@pytest.mark.parametrize("args,message", [
+    (["fit", "--model", "tiny-e2b", "--seq", "512", "-o", "answer.csv"],
+     "--output answer.csv: the .csv suffix asks for csv, which this command does not write; give --format "
+     "(table, markdown or json)"),
+    (["explain", "--model", "tiny-e2b", "--seq", "512", "--batch", "1", "--strategy", "checkpoint", "-o", "e.html"],
+     "--output e.html: the .html suffix asks for html, which this command does not write; give --format "
+     "(table, markdown or json)"),
+    (["report", FIT, "-o", "fit.html"],
+     f"{FIT}: a fit result renders as table, markdown or json, not html (from --output's .html suffix; give "
+     "--format)"),
+])
+def test_a_suffix_naming_a_format_the_command_lacks_is_refused_before_compiling(tmp_path, args, message):
+    r = memprobe(*args, cwd=tmp_path if args[0] != "report" else ROOT, timeout=120)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr.strip() == f"memprobe: error: {message}", r.stderr
+    assert "compiling" not in r.stderr and not (tmp_path / args[-1]).exists()
+
+
 def test_bare_memprobe_prints_its_help_and_no_error():
     # It printed the help, then "memprobe: error: " with nothing after it, exit 2.
     r = memprobe()
@@ -605,5 +641,5 @@ def test_report_refuses_a_merge_that_would_hide_or_mix_figures(tmp_path):
     mixed = memprobe("report", str(a), str(b), cwd=ROOT)
     assert mixed.returncode == 2 and len(mixed.stderr.strip().splitlines()) == 1
     assert "libtpu 0.0.99" in mixed.stderr and "libtpu 0.0.50.1" in mixed.stderr
-    fit = memprobe("report", "reports/gemma4-e2b-seq24576-tpu7x-8-fit.json", str(a), cwd=ROOT)
+    fit = memprobe("report", FIT, str(a), cwd=ROOT)
     assert fit.returncode == 2 and "a fit result renders on its own" in fit.stderr

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from memprobe.cli._output import FROM_SUFFIX
 from memprobe.plan import Optimizer, ParamDtype, Step
 from memprobe.render import Format
 from memprobe.targets import DEFAULT_TARGET
@@ -71,8 +72,14 @@ NoCache = Annotated[bool, typer.Option(
     "($MEMPROBE_CACHE_DIR, else ~/.cache/memprobe).")]
 
 
-FormatOpt = Annotated[Format, typer.Option("--format", help="table (terminal), markdown (pull "
-                                           "request), json (the result schema), csv, html (with chart).")]
+def format_option(choices: str, default: str):
+    """A --format that, left out, follows the --output file's suffix, else ``default``."""
+    return typer.Option("--format", help=f"{choices}. {FROM_SUFFIX}; else {default}.", show_default=False)
+
+
+RESULT_FORMATS = "table (terminal), markdown (pull request), json (the result schema), csv, html (with chart)"
+FormatOpt = Annotated[Format | None, format_option(RESULT_FORMATS, "table")]
+ReportFormatOpt = Annotated[Format | None, format_option(RESULT_FORMATS, "markdown")]
 Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the result to this file "
                                              "instead of standard output (- is standard output).")]
 Chart = Annotated[Path | None, typer.Option(

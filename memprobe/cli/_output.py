@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import shlex
 import sys
@@ -43,6 +44,31 @@ def check_writable(output: Path | None, option: str = "--output") -> None:
         raise BadInput(f"{option} {output}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (output.exists() and not os.access(output, os.W_OK)):
         raise BadInput(f"{option} {output}: not writable")
+
+
+#: The formats an --output file's suffix names, for a command given no --format: `-o r.md` is
+#: markdown, as `--chart c.svg` is SVG (a rich table with box characters used to land in r.csv).
+SUFFIX_FORMATS = {".md": "markdown", ".markdown": "markdown", ".json": "json", ".csv": "csv", ".html": "html",
+                  ".htm": "html"}
+#: Said in each --format's help.
+FROM_SUFFIX = "Without it, an --output file's suffix picks it (.md, .json, .csv, .html)"
+
+
+def output_format(fmt: enum.Enum | None, output: Path | None, formats: type[enum.Enum], default: enum.Enum):
+    """The --format given; without one, the format the --output file's suffix names, else
+    ``default``. A suffix naming a format the command does not write is refused (its file would
+    hold something else)."""
+    if fmt is not None:
+        return fmt
+    name = SUFFIX_FORMATS.get(output.suffix.lower()) if output is not None and output != STDOUT else None
+    if name is None:
+        return default
+    try:
+        return formats(name)
+    except ValueError:
+        known = [f.value for f in formats]
+        raise BadInput(f"--output {output}: the {output.suffix} suffix asks for {name}, which this command does not "
+                       f"write; give --format ({', '.join(known[:-1])} or {known[-1]})") from None
 
 
 #: The chart formats, by the file name's suffix (none: PNG).

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from memprobe.cli import _options as o
-from memprobe.cli._output import check_writable, command_line, messages, output_file
+from memprobe.cli._output import check_writable, command_line, messages, output_file, output_format
 from memprobe.cli.compare import check_run_options, run_plans
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.errors import BadInput
@@ -55,9 +55,9 @@ def check(
     jobs: o.Jobs = None,
     no_cache: o.NoCache = False,
     max_host_memory: o.MaxHostMemory = None,
-    fmt: Annotated[CheckFormat, typer.Option(
-        "--format", help="table (terminal), markdown (a pull-request comment) or json (exact bytes per "
-        "strategy, for scripts).")] = CheckFormat.TABLE,
+    fmt: Annotated[CheckFormat | None, o.format_option(
+        "table (terminal), markdown (a pull-request comment) or json (exact bytes per strategy, for scripts)",
+        "table")] = None,
     output: o.Output = None,
 ) -> int:
     """Recompile a baseline's configurations and fail when a peak (or an offload strategy's host
@@ -71,6 +71,7 @@ def check(
     tol, budget = limits(tolerance, max_peak)
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
+    fmt = output_format(fmt, output, CheckFormat, CheckFormat.TABLE)
     base = load_baseline(baseline, allow_version_drift)
     verdicts = recheck(base, baseline, tol, budget, lambda plans: run_plans(plans, timeout, jobs, no_cache, cap))
     frame = verdict_frame(verdicts)

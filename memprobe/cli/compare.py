@@ -13,7 +13,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from memprobe.api import resolve_plans
 from memprobe.cache import ResultCache
 from memprobe.cli import _options as o
-from memprobe.cli._output import check_chart, check_writable, command_line, messages, write_result
+from memprobe.cli._output import check_chart, check_writable, command_line, messages, output_format, write_result
 from memprobe.compile import DEFAULT_TIMEOUT_S, check_run, compile_jobs, default_host_cap, default_parallel
 from memprobe.errors import BadInput
 from memprobe.measure import Measurement, host_ram_check, parse_positive_size, with_host_ram
@@ -44,7 +44,7 @@ def compare(
     max_host_memory: o.MaxHostMemory = None,
     host_ram: o.HostRam = None,
     devices_per_host: o.DevicesPerHost = None,
-    format: o.FormatOpt = Format.TABLE,
+    format: o.FormatOpt = None,
     output: o.Output = None,
     chart: o.Chart = None,
 ) -> int:
@@ -65,6 +65,7 @@ def compare(
     hosted = [p.target for p in plans if p.target.has_host_memory] or [plans[0].target]
     ram = [host_ram_check(t, host_ram, devices_per_host) for t in dict.fromkeys(hosted)][0]
     check_writable(output)
+    format = output_format(format, output, Format, Format.TABLE)
     check_chart(chart)
     say(notes)
     measurements = run_plans(plans, timeout, jobs, no_cache, cap)

@@ -11,8 +11,8 @@ import typer
 from memprobe.api import explain_plan, run_explain
 from memprobe.cache import ResultCache
 from memprobe.cli import _options as o
-from memprobe.cli._output import (check_chart, check_writable, chart_format, command_line, messages, output_file,
-                                  write_bytes)
+from memprobe.cli._output import (chart_format, check_chart, check_writable, command_line, messages, output_file,
+                                   output_format, write_bytes)
 from memprobe.cli import compare
 from memprobe.cli.compare import check_run_options
 from memprobe.compile import DEFAULT_TIMEOUT_S
@@ -56,7 +56,7 @@ def explain(
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
     no_cache: o.NoCache = False,
     max_host_memory: o.MaxHostMemory = None,
-    format: Annotated[ExplainFormat, typer.Option("--format", help="table, markdown or json.")] = ExplainFormat.TABLE,
+    format: Annotated[ExplainFormat | None, o.format_option("table, markdown or json", "table")] = None,
     output: o.Output = None,
     chart: Annotated[Path | None, typer.Option(
         "--chart", help="Also save a chart of the bytes live over program order, the peak marked (PNG; SVG or "
@@ -76,6 +76,7 @@ def explain(
                         grad_accum=grad_accum)
     cap = check_run_options(timeout, None, max_host_memory)
     check_writable(output)
+    format = output_format(format, output, ExplainFormat, ExplainFormat.TABLE)
     check_chart(chart)
     if not no_cache:
         compare.says_if_unwritable(ResultCache())

@@ -10,7 +10,7 @@ import typer
 
 from memprobe import api
 from memprobe.cli import _options as o
-from memprobe.cli._output import check_writable, command_line, messages, output_file
+from memprobe.cli._output import check_writable, command_line, messages, output_file, output_format
 from memprobe.cli.compare import (check_run_options, int_list, name_list, run_jobs, say, skipped_notes,
                                   strategy_names)
 from memprobe.compile import DEFAULT_TIMEOUT_S
@@ -64,7 +64,7 @@ def fit(
     max_host_memory: o.MaxHostMemory = None,
     host_ram: o.HostRam = None,
     devices_per_host: o.DevicesPerHost = None,
-    format: Annotated[FitFormat, typer.Option("--format", help="table, markdown or json.")] = FitFormat.TABLE,
+    format: Annotated[FitFormat | None, o.format_option("table, markdown or json", "table")] = None,
     output: o.Output = None,
 ) -> int:
     """Find the largest per-device batch (or, with --vary seq, the longest sequence) at which
@@ -82,6 +82,7 @@ def fit(
     """
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
+    format = output_format(format, output, FitFormat, FitFormat.TABLE)
 
     def runner(wanted, labels, what):
         return run_jobs(wanted, what, timeout, jobs, no_cache, cap, labels=labels)

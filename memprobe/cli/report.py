@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from memprobe.cli import _options as o
-from memprobe.cli._output import check_chart, check_writable, chart_format, output_file, write_bytes, write_result
+from memprobe.cli._output import (chart_format, check_chart, check_writable, output_file, output_format, write_bytes,
+                                   write_result)
 from memprobe.errors import BadInput
 from memprobe.measure import parse_host_ram, with_host_ram
 from memprobe.liveness import EXPLAIN_SCHEMA
@@ -24,7 +25,7 @@ def report(
              "`memprobe explain` with --format json. Several comparison results render as one: "
              "rows of the same configuration share a table; several fit results as one sweep.",
         metavar="RESULT")],
-    format: o.FormatOpt = Format.MARKDOWN,
+    format: o.ReportFormatOpt = None,
     output: o.Output = None,
     chart: o.Chart = None,
     host_ram: o.HostRam = None,
@@ -38,6 +39,10 @@ def report(
     result renders as table, markdown or json, several of one setting at different lengths as
     one sweep; an `explain` result renders on its own."""
     ram = parse_host_ram(host_ram, devices_per_host)
+    given, format = format, output_format(format, output, Format, Format.MARKDOWN)
+    # A fit or explain result has fewer formats; one it lacks, not given, came from the suffix.
+    chosen = "" if given is not None or format is Format.MARKDOWN else \
+        f" (from --output's {output.suffix} suffix; give --format)"
     loaded_files, fits = [], []
     for path in results:
         data = read_json(path)
@@ -47,7 +52,8 @@ def report(
         if isinstance(data, dict) and data.get("schema") == EXPLAIN_SCHEMA:
             if len(results) > 1:
                 raise BadInput(f"{path}: an explain result renders on its own, not merged with other results")
-            return _explain_report(data, path, format, output, chart, ram, DEFAULT_TOP if top is None else top)
+            return _explain_report(data, path, format, chosen, output, chart, ram,
+                                   DEFAULT_TOP if top is None else top)
         if isinstance(data, dict) and data.get("schema") != SCHEMA:
             found = f"schema {data['schema']!r}" if "schema" in data else 'no "schema" field'
             raise BadInput(f"{path}: memprobe report cannot render this ({found}; it renders {SCHEMA!r}, "
@@ -59,7 +65,7 @@ def report(
         if loaded_files:
             raise BadInput(f"{fits[0][0]}: a fit result renders on its own or with other fit results, not merged "
                            "with a comparison")
-        return _fit_report(merge_fits(fits), fits[0][0], format, output, chart, ram, top)
+        return _fit_report(merge_fits(fits), fits[0][0], format, chosen, output, chart, ram, top)
     loaded = Result.merge(loaded_files)
     if ram is not None:
         loaded = dataclasses.replace(loaded, measurements=with_host_ram(loaded.measurements, ram,
@@ -70,13 +76,13 @@ def report(
     return 0
 
 
-def _fit_report(fits: list[FitResult], path: str, format: Format, output: Path | None, chart: Path | None,
-                ram: int | None, top: int | None) -> int:
+def _fit_report(fits: list[FitResult], path: str, format: Format, chosen: str, output: Path | None,
+                chart: Path | None, ram: int | None, top: int | None) -> int:
     """Fit results (one, or the lengths of a sweep) as `memprobe fit` printed them."""
     from memprobe.render.fit import render_fits
 
     if format.value not in {f.value for f in FitFormat}:
-        raise BadInput(f"{path}: a fit result renders as table, markdown or json, not {format.value}")
+        raise BadInput(f"{path}: a fit result renders as table, markdown or json, not {format.value}{chosen}")
     if chart is not None or ram is not None:
         raise BadInput(f"{path}: --chart and --host-ram apply to comparisons, not to a fit result")
     if top is not None:
@@ -87,13 +93,13 @@ def _fit_report(fits: list[FitResult], path: str, format: Format, output: Path |
     return 0
 
 
-def _explain_report(data: dict, path: Path, format: Format, output: Path | None, chart: Path | None,
-                    ram: int | None, top: int) -> int:
+def _explain_report(data: dict, path: Path, format: Format, chosen: str, output: Path | None,
+                    chart: Path | None, ram: int | None, top: int) -> int:
     """An explain answer as `memprobe explain` printed it; --chart draws its heap curve."""
     from memprobe.render import explain as r  # pandas, only for an explain answer
 
     if format.value not in {f.value for f in ExplainFormat}:
-        raise BadInput(f"{path}: an explain result renders as table, markdown or json, not {format.value}")
+        raise BadInput(f"{path}: an explain result renders as table, markdown or json, not {format.value}{chosen}")
     if ram is not None:
         raise BadInput(f"{path}: --host-ram applies to comparisons, not to an explain result")
     check_top(top)
