@@ -414,6 +414,11 @@ def test_the_output_files_suffix_picks_the_format_when_none_is_given(tmp_path):
     (["explain", "--model", "tiny-e2b", "--seq", "512", "--batch", "1", "--strategy", "checkpoint", "-o", "e.html"],
      "--output e.html: the .html suffix asks for html, which this command does not write; give --format "
      "(table, markdown or json)"),
+    (["report", E4B, "-o", "peaks.PNG"],
+     "--output peaks.PNG: .PNG is a picture's suffix, and --output writes the result as text; a chart is saved "
+     "with --chart peaks.PNG"),
+    (["fit", "--model", "tiny-e2b", "--seq", "512", "-o", "answer.svg"],
+     "--output answer.svg: .svg is a picture's suffix, and --output writes the result as text"),
     (["report", FIT, "-o", "fit.html"],
      f"{FIT}: a fit result renders as table, markdown or json, not html (from --output's .html suffix; give "
      "--format)"),

@@ -46,6 +46,8 @@ def check_writable(output: Path | None, option: str = "--output") -> None:
         raise BadInput(f"{option} {output}: not writable")
 
 
+#: The chart formats, by the file name's suffix (none: PNG).
+CHART_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", "": "png"}
 #: The formats an --output file's suffix names, for a command given no --format: `-o r.md` is
 #: markdown, as `--chart c.svg` is SVG (a rich table with box characters used to land in r.csv).
 SUFFIX_FORMATS = {".md": "markdown", ".markdown": "markdown", ".json": "json", ".csv": "csv", ".html": "html",
@@ -54,13 +56,19 @@ SUFFIX_FORMATS = {".md": "markdown", ".markdown": "markdown", ".json": "json", "
 FROM_SUFFIX = "Without it, an --output file's suffix picks it (.md, .json, .csv, .html)"
 
 
-def output_format(fmt: enum.Enum | None, output: Path | None, formats: type[enum.Enum], default: enum.Enum):
+def output_format(fmt: enum.Enum | None, output: Path | None, formats: type[enum.Enum], default: enum.Enum,
+                  charts: bool = True):
     """The --format given; without one, the format the --output file's suffix names, else
-    ``default``. A suffix naming a format the command does not write is refused (its file would
-    hold something else)."""
+    ``default``. A suffix naming a format the command does not write, or a picture (the
+    command has --chart when ``charts``), is refused: the file would hold something else."""
     if fmt is not None:
         return fmt
-    name = SUFFIX_FORMATS.get(output.suffix.lower()) if output is not None and output != STDOUT else None
+    suffix = output.suffix.lower() if output is not None and output != STDOUT else ""
+    if suffix in CHART_FORMATS and suffix:  # a picture was meant; the text would land in it
+        hint = f"; a chart is saved with --chart {output.name}" if charts else ""
+        raise BadInput(f"--output {output}: {output.suffix} is a picture's suffix, and --output writes the result as "
+                       f"text{hint}")
+    name = SUFFIX_FORMATS.get(suffix)
     if name is None:
         return default
     try:
@@ -69,10 +77,6 @@ def output_format(fmt: enum.Enum | None, output: Path | None, formats: type[enum
         known = [f.value for f in formats]
         raise BadInput(f"--output {output}: the {output.suffix} suffix asks for {name}, which this command does not "
                        f"write; give --format ({', '.join(known[:-1])} or {known[-1]})") from None
-
-
-#: The chart formats, by the file name's suffix (none: PNG).
-CHART_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", "": "png"}
 
 
 def chart_format(chart: Path) -> str:

@@ -71,7 +71,7 @@ def check(
     tol, budget = limits(tolerance, max_peak)
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
-    fmt = output_format(fmt, output, CheckFormat, CheckFormat.TABLE)
+    fmt = output_format(fmt, output, CheckFormat, CheckFormat.TABLE, charts=False)
     base = load_baseline(baseline, allow_version_drift)
     verdicts = recheck(base, baseline, tol, budget, lambda plans: run_plans(plans, timeout, jobs, no_cache, cap))
     frame = verdict_frame(verdicts)

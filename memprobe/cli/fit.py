@@ -82,7 +82,7 @@ def fit(
     """
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
-    format = output_format(format, output, FitFormat, FitFormat.TABLE)
+    format = output_format(format, output, FitFormat, FitFormat.TABLE, charts=False)
 
     def runner(wanted, labels, what):
         return run_jobs(wanted, what, timeout, jobs, no_cache, cap, labels=labels)
