@@ -566,6 +566,14 @@ def test_report_saves_an_svg_chart_beside_the_result_it_writes(tmp_path):
     assert svg.read_bytes().startswith(b"<?xml") and b"scan-periods</text>" in svg.read_bytes()
 
 
+def test_a_chart_and_the_output_in_one_file_are_refused(tmp_path):
+    # The html was written over the chart (or the chart over the result) without a word.
+    same, spelt_otherwise = tmp_path / "e4b.svg", tmp_path / ".." / tmp_path.name / "e4b.svg"
+    r = memprobe("report", E4B, "--format", "html", "-o", str(same), "--chart", str(spelt_otherwise), cwd=ROOT)
+    assert (r.returncode, r.stdout) == (2, "") and not same.exists(), r.stderr
+    assert r.stderr.strip().endswith("e4b.svg is the --output file too; name two files"), r.stderr
+
+
 def test_report_merges_results_of_one_configuration_into_one_table(tmp_path):
     # Strategies compiled in two runs read as the one comparison they would have made together.
     a, b = _split_result(tmp_path, E4B, 3)

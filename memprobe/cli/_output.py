@@ -86,11 +86,13 @@ def chart_format(chart: Path) -> str:
     return CHART_FORMATS[chart.suffix.lower()]
 
 
-def check_chart(chart: Path | None) -> None:
-    """Refuses a --chart path that cannot be written or names a format no chart is saved in,
-    before any compile starts."""
+def check_chart(chart: Path | None, output: Path | None) -> None:
+    """Refuses a --chart path that cannot be written, names a format no chart is saved in or
+    is the --output file too (one would overwrite the other), before any compile starts."""
     if chart == STDOUT:
         raise BadInput("--chart -: a chart is written to a file, not to standard output; name one (peaks.png)")
+    if chart is not None and output is not None and chart.resolve() == output.resolve():
+        raise BadInput(f"--chart {chart} is the --output file too; name two files")
     check_writable(chart, "--chart")
     if chart is not None:
         chart_format(chart)

@@ -66,7 +66,7 @@ def compare(
     ram = [host_ram_check(t, host_ram, devices_per_host) for t in dict.fromkeys(hosted)][0]
     check_writable(output)
     format = output_format(format, output, Format, Format.TABLE)
-    check_chart(chart)
+    check_chart(chart, output)
     say(notes)
     measurements = run_plans(plans, timeout, jobs, no_cache, cap)
     if ram is not None:

@@ -77,7 +77,7 @@ def explain(
     cap = check_run_options(timeout, None, max_host_memory)
     check_writable(output)
     format = output_format(format, output, ExplainFormat, ExplainFormat.TABLE)
-    check_chart(chart)
+    check_chart(chart, output)
     if not no_cache:
         compare.says_if_unwritable(ResultCache())
     answer = run_explain(plan, timeout_s=timeout, cache=not no_cache, max_host_bytes=cap,

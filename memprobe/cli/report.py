@@ -71,7 +71,7 @@ def report(
         loaded = dataclasses.replace(loaded, measurements=with_host_ram(loaded.measurements, ram,
                                                                         devices_per_host))
     check_writable(output)
-    check_chart(chart)
+    check_chart(chart, output)
     write_result(loaded, format, output, chart)
     return 0
 
@@ -105,7 +105,7 @@ def _explain_report(data: dict, path: Path, format: Format, chosen: str, output:
     check_top(top)
     answer = r.from_json(data, str(path))
     check_writable(output)
-    check_chart(chart)
+    check_chart(chart, output)
     if chart is not None:
         if not answer.explained:
             raise BadInput(f"{path}: --chart: no strategy here was explained, so there is no curve to draw")
