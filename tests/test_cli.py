@@ -419,6 +419,8 @@ def test_the_output_files_suffix_picks_the_format_when_none_is_given(tmp_path):
      "with --chart peaks.PNG"),
     (["fit", "--model", "tiny-e2b", "--seq", "512", "-o", "answer.svg"],
      "--output answer.svg: .svg is a picture's suffix, and --output writes the result as text"),
+    (["baseline", "--model", "tiny-e2b", "--seq", "512", "--batch", "1", "-o", "base.md"],
+     "--output base.md: a baseline is JSON, which a .md file is not; name it .json"),
     (["report", FIT, "-o", "fit.html"],
      f"{FIT}: a fit result renders as table, markdown or json, not html (from --output's .html suffix; give "
      "--format)"),
