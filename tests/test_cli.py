@@ -115,6 +115,9 @@ COMPARE_BAD = [
      "--topology v5e:2x2 is for v5e, not for --target v5p-8 (a v5p); leave --target out, or give --target v5e"),
     (["--target", "tpu7x", "--topology", "v5p:2x2x1"],
      "--topology v5p:2x2x1 is for v5p, not for --target tpu7x; leave --target out, or give --target v5p"),
+    # A kind memprobe does not know was read as the default's: "'tpu7x:v5x:2x2x1' is not a tpu7x topology".
+    (["--topology", "v5x:2x2x1"],
+     "--topology v5x:2x2x1: unknown TPU kind 'v5x' (did you mean 'v5p'? known: tpu7x, v6e, v5p, v5e, v4)"),
     (["--target", "tpu7x-3"], "--target tpu7x-3: tpu7x has 2 devices per chip, so 3 is not a whole number of chips"),
     (["--target", "v6e-0"], "--target v6e-0: an accelerator type counts TensorCores, at least 1"),
     (["--target", "v5p:2x2x1x1"], "--target: 'v5p:2x2x1x1' is not a v5p topology like v5p:2x2x1"),
