@@ -75,7 +75,7 @@ def target_or_default(name: str | None, topology: str | None = None) -> str:
 
 def _topology_kind(topology: str | None) -> str | None:
     """The TPU kind a topology names before its shape (v5p of v5p:2x2x1), if any."""
-    m = re.match(r"([a-z0-9]+)[:=_]", topology or "")
+    m = re.match(r"([a-z0-9]+)[:=_]", (topology or "").strip().lower())
     return m.group(1) if m and m.group(1) in TPU_KINDS else None
 
 
@@ -173,6 +173,8 @@ def resolve_target(name: str, devices: int | None = None, topology: str | None =
         raise BadInput(f"--devices must be a positive integer, got {devices!r}")
     if "," in name:  # several targets are for compare, baseline and fit, each planned on its own
         raise BadInput(f"--target {name}: one target here (compare, baseline and fit take several)")
+    # Names as the vendors write them (H100, TPU7x, V5P-8) are the same targets.
+    name, topology = name.strip().lower(), topology.strip().lower() if topology else topology
     name, devices, topology, option, devices_option = _split_target(name, devices, topology)
     if name == "cpu":
         if topology:

@@ -75,6 +75,16 @@ def test_a_topology_alone_names_its_target():
     assert plan.target.topology == "tpu7x:2x2x1"
 
 
+def test_a_target_written_as_its_vendor_writes_it_is_the_same_target():
+    # "unknown target 'V5P-8' (known: ... v5p ...)", and a --topology V5P:2X2X1 alone meant tpu7x.
+    def target(**kwargs):
+        return memprobe.resolve_plan(model="tiny-e2b", seq=256, batch=1, **kwargs)[0].target
+
+    assert target(target="V5P-8") == target(target="v5p-8") == target(topology="V5P:2X2X1")
+    assert (target(target="V5P-8").name, target(target="V5P-8").topology) == ("v5p", "v5p:2x2x1")
+    assert target(target="TPU7x") == target(target="tpu7x") and target(target="CPU").name == "cpu"
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(seq=-1), "--seq must be a positive integer, got -1"),
     (dict(seq=1000), "--seq 1000 is not a multiple of the attention block (512); try 512 or 1024"),

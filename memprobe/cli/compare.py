@@ -146,12 +146,12 @@ LIST_EXAMPLES = {"--seq": "4096,8192", "--batch": "4,8", "--target": "v5p,h100"}
 
 
 def name_list(text: str, option: str, notes: list[str]) -> list[str]:
-    """A comma-separated list of names (several targets), each kept once (a note in ``notes``
-    says which were repeated)."""
+    """A comma-separated list of target names, in lower case (H100 is h100), each kept once (a
+    note in ``notes`` says which were repeated)."""
     def name(part: str) -> str:
         if not part:
             raise ValueError(f"{text!r} has an empty name")
-        return part
+        return part.lower()
     return comma_list(text, option, name, "name", notes)
 
 
