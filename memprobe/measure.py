@@ -254,12 +254,16 @@ _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*")
 
 
 def parse_size(text: str, option: str) -> int:
-    """'90GiB', '96 GB', '512MiB', '1234' (bytes) -> bytes."""
+    """'90GiB', '96 GB', '512MiB', '1234B' -> bytes. A number with no unit is refused: a
+    `--budget 90` taken as 90 bytes would fit nothing and say so only after compiling."""
     m = _SIZE.fullmatch(text)
     unit = m.group(2).lower() if m else ""
-    if not m or unit not in SIZE_UNITS and unit:
+    if m and not unit:
+        n = m.group(1)
+        raise BadInput(f"{option}: {text!r} has no unit: a size like {n}GiB or {n}GB ({n}B for bytes)")
+    if not m or unit not in SIZE_UNITS:
         raise BadInput(f"{option}: {text!r} is not a size like 90GiB, 96GB or 512MiB")
-    return int(float(m.group(1)) * SIZE_UNITS[unit or "b"])
+    return int(float(m.group(1)) * SIZE_UNITS[unit])
 
 
 def parse_positive_size(text: str, option: str) -> int:

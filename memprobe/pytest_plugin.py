@@ -60,6 +60,16 @@ def memprobe_measure():
     return measure
 
 
+def _limit(limit: object) -> int:
+    """The marker's limit in bytes: a size ("90GiB"), or an int, which counts bytes as in
+    Python it does (90 * 2**30); "0GiB" or 0 would fail every peak and is refused."""
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        if limit <= 0:
+            raise ValueError(f"the limit must be a positive size, got {limit!r}")
+        return limit
+    return parse_positive_size(str(limit), "the limit")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     result = yield
@@ -69,7 +79,7 @@ def pytest_runtest_call(item):
     if len(marker.args) != 1:
         pytest.fail("memprobe_limit takes one positional argument, the limit (e.g. '90GiB')", pytrace=False)
     try:
-        limit = parse_positive_size(str(marker.args[0]), "the limit")  # "0GiB" failed every peak
+        limit = _limit(marker.args[0])
         m = measure(**marker.kwargs)
     except (MemprobeError, TypeError, ValueError) as e:
         reason = f"memprobe_limit: {e}"

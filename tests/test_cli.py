@@ -95,6 +95,8 @@ COMPARE_BAD = [
     (["--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
     (["--jobs", "0"], "--jobs must be a positive integer, got 0"),
     (["--max-host-memory", "lots"], "--max-host-memory: 'lots' is not a size like 90GiB"),
+    # A number alone was bytes: a 12-byte cap stopped every compile, a budget of 90 fitted nothing.
+    (["--max-host-memory", "12"], "--max-host-memory: '12' has no unit: a size like 12GiB or 12GB (12B for bytes)"),
     (["--target", "cpu", "--strategies", "offload"],
      "strategies/offload.toml: offload: target cpu has no host memory space to offload to"),
     (["--output", "/nonexistent/report.md"], "--output /nonexistent/report.md: directory /nonexistent does not exist"),
@@ -193,6 +195,7 @@ UNKNOWN_NOPE = ("unknown strategy 'nope' (known: unrolled, checkpoint, scan-chec
      "--seq 1000 is not a multiple of the attention block (512); try 512 or 1024"),
     (["--target", "cpu", "--jobs", "0"], "--jobs must be a positive integer, got 0"),
     (["fit", "--target", "cpu", "--budget", "-1GiB"], "--budget: '-1GiB' is not a size like 90GiB, 96GB or 512MiB"),
+    (["fit", "--target", "cpu", "--budget", "90"], "--budget: '90' has no unit: a size like 90GiB or 90GB (90B for bytes)"),
     (["fit", "--target", "cpu"], "target cpu has no HBM capacity to fit in; pass --budget SIZE"),
     # libtpu is asked before the compiles start, so no progress line comes before its answer.
     (["--target", "v5p", "--topology", "9x9x9", "--model", "tiny-e2b", "--seq", "512"], V5P_999),

@@ -29,6 +29,16 @@ def test_zero_limit():
     pass
 
 
+@pytest.mark.memprobe_limit(2**30, **CONFIG)
+def test_bytes_as_an_int():
+    pass
+
+
+@pytest.mark.memprobe_limit("90", **CONFIG)
+def test_no_unit():
+    pass
+
+
 def test_fixture(memprobe_measure):
     m = memprobe_measure(**CONFIG)
     assert m.ok and 1 * 2**20 < m.peak_bytes < 2**30
@@ -39,7 +49,7 @@ def test_limit_marker_fails_too_low_and_passes_generous(pytester):
     pytester.makepyfile(test_project=PROJECT_TESTS)
     # The plugin is found through its pytest11 entry point, as in any project that installs memprobe.
     r = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider", "-o", "addopts=")
-    r.assert_outcomes(passed=2, failed=3)
+    r.assert_outcomes(passed=3, failed=4)
     # The limit as written and in bytes (it read "the limit 0.001 GiB" for 1MiB).
     r.stdout.fnmatch_lines(["*_ test_too_low _*",
                             "memprobe: tiny-e2b checkpoint on cpu: per-device peak * GiB (* bytes) exceeds "
@@ -50,6 +60,9 @@ def test_limit_marker_fails_too_low_and_passes_generous(pytester):
     # A limit of nothing is refused, not compiled and failed (it failed every peak).
     r.stdout.fnmatch_lines(["*_ test_zero_limit _*",
                             "memprobe_limit: the limit must be a positive size, got '0GiB'"])
+    # An int counts bytes, as it does in Python; a string with no unit was 90 bytes and failed after compiling.
+    r.stdout.fnmatch_lines(["*_ test_no_unit _*",
+                            "memprobe_limit: the limit: '90' has no unit: a size like 90GiB or 90GB (90B for bytes)"])
     assert "During handling of the above exception" not in r.stdout.str()
 
 
