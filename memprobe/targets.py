@@ -128,9 +128,9 @@ def _with_kind(kind: str, topology: str, target: str) -> str:
     """A --topology with the target's kind before its shape (2x2x1 -> v5p:2x2x1); one that
     names another kind (v5e:2x2 for --target v5p) is refused rather than read as v5p's."""
     other = _topology_kind(topology)
-    named = re.match(r"([a-z][a-z0-9]*)[:=_]", topology)
-    if other is None and named:  # v9:2x2x1 was read as tpu7x's "tpu7x:v9:2x2x1"
-        raise unknown("TPU kind", named.group(1), TPU_KINDS, f"--topology {topology}: ")
+    prefix = re.match(r"([a-z][a-z0-9]*)[:=_]", topology)
+    if other is None and prefix:  # v9:2x2x1 was read as tpu7x's "tpu7x:v9:2x2x1"
+        raise unknown("TPU kind", prefix.group(1), TPU_KINDS, f"--topology {topology}: ")
     if other is not None and other != kind:
         named = target if target == kind else f"{target} (a {kind})"
         raise BadInput(f"--topology {topology} is for {other}, not for --target {named}; leave --target "

@@ -12,7 +12,7 @@ from memprobe.api import explain_plan, run_explain
 from memprobe.cache import ResultCache
 from memprobe.cli import _options as o
 from memprobe.cli._output import (chart_format, check_chart, check_writable, command_line, messages, output_file,
-                                   output_format, write_bytes)
+                                  output_format, write_bytes)
 from memprobe.cli import compare
 from memprobe.cli.compare import check_run_options
 from memprobe.compile import DEFAULT_TIMEOUT_S

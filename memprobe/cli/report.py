@@ -10,7 +10,7 @@ import typer
 
 from memprobe.cli import _options as o
 from memprobe.cli._output import (chart_format, check_chart, check_writable, output_file, output_format, write_bytes,
-                                   write_result)
+                                  write_result)
 from memprobe.errors import BadInput
 from memprobe.measure import parse_host_ram, with_host_ram
 from memprobe.liveness import EXPLAIN_SCHEMA
