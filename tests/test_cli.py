@@ -582,6 +582,21 @@ def test_a_chart_and_the_output_in_one_file_are_refused(tmp_path):
     assert r.stderr.strip().endswith("e4b.svg is the --output file too; name two files"), r.stderr
 
 
+def test_report_does_not_write_markdown_over_the_result_it_reads(tmp_path):
+    # `report r.json --format markdown -o r.json` replaced the only copy of the result.
+    saved = tmp_path / "r.json"
+    saved.write_text((ROOT / E4B).read_text())
+    r = memprobe("report", str(saved), "--format", "markdown", "-o", str(saved), cwd=ROOT)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr.strip() == (f"memprobe: error: --output {saved} is a result being read: its markdown would "
+                                "replace the JSON; name another file")
+    assert saved.read_text() == (ROOT / E4B).read_text()
+    again = memprobe("report", str(saved), "-o", str(saved), cwd=ROOT)  # JSON (the suffix's): the same result
+    assert again.returncode == 0, again.stderr
+    alone = memprobe("report", E4B, "--format", "json", cwd=ROOT)
+    assert json.loads(saved.read_text())["comparisons"] == json.loads(alone.stdout)["comparisons"]
+
+
 def test_report_merges_results_of_one_configuration_into_one_table(tmp_path):
     # Strategies compiled in two runs read as the one comparison they would have made together.
     a, b = _split_result(tmp_path, E4B, 3)

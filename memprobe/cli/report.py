@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 
 from memprobe.cli import _options as o
-from memprobe.cli._output import (chart_format, check_chart, check_writable, output_file, output_format, write_bytes,
-                                  write_result)
+from memprobe.cli._output import (STDOUT, chart_format, check_chart, check_writable, output_file, output_format,
+                                  write_bytes, write_result)
 from memprobe.errors import BadInput
 from memprobe.measure import parse_host_ram, with_host_ram
 from memprobe.liveness import EXPLAIN_SCHEMA
@@ -43,6 +43,10 @@ def report(
     # A fit or explain result has fewer formats; one it lacks, not given, came from the suffix.
     chosen = "" if given is not None or format is Format.MARKDOWN else \
         f" (from --output's {output.suffix} suffix; give --format)"
+    if format is not Format.JSON and output not in (None, STDOUT) and any(
+            output.resolve() == path.resolve() for path in results):
+        raise BadInput(f"--output {output} is a result being read: its {format.value} would replace the JSON; "
+                       "name another file")
     loaded_files, fits = [], []
     for path in results:
         data = read_json(path)
