@@ -172,7 +172,7 @@ def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: 
     """`memprobe check` as a call: every configuration of ``baseline`` compiled again, one
     ``Verdict`` per strategy (``passed``; ``status`` "ok", "improved", "regressed", "over
     budget", "host regressed", "refused" (over HBM, by the TPU compiler) or "failed").
-    ``tolerance`` like "2%" or "0.5GiB"; ``max_peak`` a size like "90GiB" or bytes. Every plan
+    ``tolerance`` like "2%" or "0.5GiB"; ``max_peak`` a size like "90GiB", or an int of bytes. Every plan
     is checked before anything compiles."""
     tol, budget = limits(tolerance, max_peak)
     base = load_baseline(Path(baseline), allow_version_drift)
@@ -195,7 +195,7 @@ def fit(*, vary: str = "batch", seq: int | Sequence[int] | None = None, batch: i
         on_skipped: Callable[[Plan, list[str]], None] | None = None) -> FitResult | list[FitResult]:
     """`memprobe fit` as a call: the largest per-device batch at ``seq`` (``vary="batch"``), or
     the longest sequence at ``batch`` in whole attention blocks (``vary="seq"``), at which
-    each strategy's step fits ``budget`` (a size like "85GiB", bytes, or the target's HBM)
+    each strategy's step fits ``budget`` (a size like "85GiB", an int of bytes, or the target's HBM)
     and, with ``host_ram``, its host bytes fit one host's RAM. ``FitResult.answers()`` gives
     the size per strategy. Labels in ``on_event`` are "STRATEGY batch N" / "STRATEGY seq N".
     ``runner`` replaces how a round is compiled (the CLI passes its progress display);

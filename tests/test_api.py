@@ -129,10 +129,12 @@ def test_check_gives_a_verdict_per_strategy_against_a_saved_baseline(tmp_path):
     assert [(v.base.strategy, v.status, v.passed) for v in verdicts] == [
         ("unrolled", "ok", True), ("checkpoint", "ok", True)]
     assert [v.now.peak_bytes for v in verdicts] == [m.peak_bytes for m in base.measurements]
-    # A budget between the two peaks fails only the larger; bytes or a size both do.
+    # A budget between the two peaks fails only the larger; an int of bytes or a size both do.
     between = (base.measurements[0].peak_bytes + base.measurements[1].peak_bytes) // 2
-    for budget in (between, f"{between}"):
+    for budget in (between, f"{between}B", f"{between / 2**20}MiB"):
         assert [v.status for v in memprobe.check(path, max_peak=budget)] == ["over budget", "ok"]
+    with pytest.raises(memprobe.BadInput, match=f"--max-peak: '{between}' has no unit"):  # bytes? GiB?
+        memprobe.check(path, max_peak=f"{between}")
     # The baseline's checkpoint 10% lower: now it has regressed.
     data = json.loads(path.read_text())
     row = data["comparisons"][0]["rows"][1]
