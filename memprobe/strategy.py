@@ -214,9 +214,16 @@ def load_catalogue(extra_files: Iterable[Path] = (), extra_dirs: Iterable[Path] 
             raise BadInput(f"{d}: no strategy files (*.toml) in this strategies directory")
         user.extend(files)
     user.extend(Path(f) for f in extra_files)
+    read: set[Path] = set()  # one file named twice (as --strategy-file and in a --strategies-dir) is one strategy
     for p in user:
+        if p.resolve() in read:
+            continue
+        read.add(p.resolve())
         s = load_strategy(p)
         if s.name in found:
+            if found[s.name].source == "built-in":
+                raise BadInput(f"{p}: {s.name!r} is a built-in strategy; the file's name names the strategy, "
+                               f"so rename the file (my-{s.name}.toml)")
             raise BadInput(f"{p}: strategy {s.name!r} is already defined by {found[s.name].source}")
         found[s.name] = s
     return found

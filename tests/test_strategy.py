@@ -1,6 +1,8 @@
 """Strategy files: every shipped one loads, bad ones are refused in one line, and no
 strategy changes the math of the train step."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -93,8 +95,21 @@ def test_bad_strategy_file_is_refused_naming_file_and_key(tmp_path, case):
 
 def test_user_strategy_may_not_shadow_a_builtin(tmp_path):
     (tmp_path / "checkpoint.toml").write_text('description = "mine"\nloop = "checkpoint"\n')
-    with pytest.raises(BadInput, match="already defined by built-in"):
+    with pytest.raises(BadInput, match=re.escape("checkpoint.toml: 'checkpoint' is a built-in strategy; the file's "
+                                                 "name names the strategy, so rename the file (my-checkpoint.toml)")):
         load_catalogue(extra_dirs=[tmp_path])
+
+
+def test_one_file_named_twice_is_one_strategy_and_two_files_of_one_name_are_refused(tmp_path):
+    # The same file as --strategy-file and in --strategies-dir was "already defined by" itself.
+    mine = tmp_path / "mine.toml"
+    mine.write_text('description = "mine"\nloop = "checkpoint"\n')
+    catalogue = load_catalogue(extra_files=[mine, tmp_path / ".." / tmp_path.name / "mine.toml"], extra_dirs=[tmp_path])
+    assert list(catalogue)[-1] == "mine" and str(catalogue["mine"].source) == str(mine)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "mine.toml").write_text(mine.read_text())
+    with pytest.raises(BadInput, match="other/mine.toml: strategy 'mine' is already defined by .*/mine.toml"):
+        load_catalogue(extra_files=[mine, tmp_path / "other" / "mine.toml"])
 
 
 def _loss_and_grads(strategy_name, model, tokens, targets):
