@@ -46,28 +46,35 @@ def resolve_plan(*, seq: int, batch: int, model: str = DEFAULT_MODEL, target: st
                  param_dtype: ParamDtype | str = ParamDtype.FP32, grad_accum: int = 1) -> tuple[Plan, list[str]]:
     """The checked plan, and the offload strategies left out because the target has no host
     memory to offload to: only of the default set (the four families and ``strategy_files``)
-    or "all"; a named offload strategy on such a target is refused. A name given twice is
-    planned once. A TPU ``topology`` is put to libtpu, in a process of its own (about two
-    seconds), so that one it rejects is refused here rather than by every compile."""
+    or of "all" (every built-in and ``strategy_files``, alone or in a list: ["all", "mine"]);
+    a named offload strategy on such a target is refused. A name given twice is planned once.
+    A TPU ``topology`` is put to libtpu, in a process of its own (about two seconds), so that
+    one it rejects is refused here rather than by every compile."""
     strategy_files = list(strategy_files)
     catalogue = load_catalogue(strategy_files, strategies_dirs)
-    implicit = strategies is None or strategies == "all"
-    if strategies is None:
-        chosen = select(catalogue, [*DEFAULT_STRATEGIES, *(p.stem for p in strategy_files)])
-    elif strategies == "all":
-        chosen = [s for s in catalogue.values() if s.source == "built-in"]
-    elif isinstance(strategies, str):
+    yours = [p.stem for p in strategy_files]  # --strategy-file's strategies join the default and "all"
+    if isinstance(strategies, str) and strategies != "all":
         raise BadInput(f"strategies: give a list of names (or 'all'), not the string {strategies!r}")
+    if strategies is None:
+        wanted: list[str | Strategy] = [*DEFAULT_STRATEGIES, *yours]
     else:
-        named: dict[str, Strategy] = {}
-        for s in strategies:  # the first of each name: a second row would only repeat it
-            s = s if isinstance(s, Strategy) else select(catalogue, [s])[0]
-            named.setdefault(s.name, s)
-        chosen = list(named.values())
+        wanted = ["all"] if strategies == "all" else list(strategies)
+    # What the default or "all" brings in is planned where the target allows it; a name
+    # given is the user's wish, refused (by make_plan) where the target cannot run it.
+    given = set() if strategies is None else {s.name if isinstance(s, Strategy) else s for s in wanted} - {"all"}
+    named: dict[str, Strategy] = {}
+    for s in wanted:  # the first of each name: a second row would only repeat it
+        if s == "all":  # every built-in, then your --strategy-file ones, here in the list
+            for each in [*(b for b in catalogue.values() if b.source == "built-in"), *select(catalogue, yours)]:
+                named.setdefault(each.name, each)
+            continue
+        s = s if isinstance(s, Strategy) else select(catalogue, [s])[0]
+        named.setdefault(s.name, s)
+    chosen = list(named.values())
     target = target_or_default(target, topology)
     where = resolve_target(target, devices, topology)
     require_backend(where)
-    skipped = [s.name for s in chosen if s.offload and not where.has_host_memory] if implicit else []
+    skipped = [s.name for s in chosen if s.offload and not where.has_host_memory and s.name not in given]
     chosen = [s for s in chosen if s.name not in skipped]
     plan = make_plan(model=model, strategies=chosen, target=where, seq_len=seq, batch_per_device=batch,
                      loss_chunks=loss_chunks, step=step, optimizer=optimizer, param_dtype=param_dtype,

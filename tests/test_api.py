@@ -67,6 +67,27 @@ def test_defaults_leave_out_offload_where_there_is_no_host_memory():
     assert set(skipped) == {"offload", "offload-mlp", "scan-layers-offload", "scan-offload"}
 
 
+def test_all_takes_in_your_strategy_files_and_may_stand_in_a_list(tmp_path):
+    # "all" silently left out a --strategy-file, and "all,mine" was "unknown strategy 'all'".
+    mine, other = tmp_path / "mine.toml", tmp_path / "lib" / "other.toml"
+    other.parent.mkdir()
+    for f in (mine, other):
+        f.write_text('description = "x"\nloop = "checkpoint"\n')
+    built_in = [s.name for s in memprobe.resolve_plan(**TINY, strategies="all")[0].strategies]
+
+    def planned(strategies):
+        plan, skipped = memprobe.resolve_plan(**TINY, strategies=strategies, strategy_files=[mine],
+                                              strategies_dirs=[other.parent])
+        return [s.name for s in plan.strategies], skipped
+
+    assert planned("all") == ([*built_in, "mine"], ["offload", "offload-mlp", "scan-layers-offload", "scan-offload"])
+    names, skipped = planned(["scan-periods", "all", "other", "checkpoint"])
+    assert names == ["scan-periods", *(n for n in built_in if n != "scan-periods"), "mine", "other"]
+    assert "offload" in skipped  # brought in by "all": left out on cpu, as "all" alone does
+    with pytest.raises(memprobe.BadInput, match="offload: target cpu has no host memory space"):
+        planned(["offload", "all"])  # named: the user's wish, refused
+
+
 def test_a_topology_alone_names_its_target():
     # No target given: the TPU kind the topology names (libtpu is asked for v5e's), else tpu7x.
     plan, _ = memprobe.resolve_plan(model="tiny-e2b", seq=256, batch=1, topology="v5e:2x2")

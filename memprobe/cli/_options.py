@@ -35,8 +35,9 @@ Topology = Annotated[str | None, typer.Option(
     "--topology", metavar="<topology>", help="TPU topology, e.g. v5p:2x2x1, or 2x2x1 in --target's kind.")]
 Strategies = Annotated[
     str | None,
-    typer.Option("--strategies", metavar="<names>", help="Comma-separated strategies, or 'all' for every built-in "
-                 "(default: the four families). The first is the baseline for deltas and FLOPs."),
+    typer.Option("--strategies", metavar="<names>", help="Comma-separated strategies (default: the four "
+                 "families); 'all' is every built-in, alone or in a list (all,mine). The default and 'all' take in "
+                 "your --strategy-file strategies too. The first is the baseline for deltas and FLOPs."),
 ]
 StrategyFile = Annotated[
     list[Path] | None,

@@ -259,7 +259,8 @@ _SAID_UNWRITABLE: set[Path] = set()
 
 def strategy_names(strategies: str | None, notes: list[str]) -> list[str] | str | None:
     """--strategies for ``resolve_plan``: None (the four families), 'all' (every built-in) or
-    the names of a comma-separated list; a name given twice is noted here, and planned once there."""
+    the names of a comma-separated list, where 'all' may stand too (all,mine); a name given
+    twice is noted here, and planned once there."""
     if strategies is None or strategies.strip() == "all":
         return None if strategies is None else "all"
     names = [n.strip() for n in strategies.split(",") if n.strip()]
