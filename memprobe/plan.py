@@ -136,6 +136,8 @@ def resolve_model(model: str | ModelConfig) -> ModelConfig:
         return PRESETS[model]
     if model.endswith(".toml") or Path(model).is_file():
         return load_model_file(Path(model))
+    if model.lower() in PRESETS:  # Gemma4-E2B, as the model card writes it, is the preset
+        return PRESETS[model.lower()]
     raise BadInput(str(unknown("model", model, PRESETS)).removesuffix(")")
                    + "; or a model file of your own, my-model.toml)")
 

@@ -249,6 +249,7 @@ def test_a_model_file_that_cannot_build_is_refused_in_one_line(tmp_path, name, t
 
 def test_a_model_is_a_preset_or_a_file():
     assert resolve_model("tiny-e4b") is PRESETS["tiny-e4b"]
+    assert resolve_model("Gemma4-E2B") is PRESETS["gemma4-e2b"]  # as the model card writes it (was "unknown")
     with pytest.raises(BadInput, match=r"^missing\.toml: model file not found$"):
         resolve_model("missing.toml")
     with pytest.raises(BadInput, match=r"unknown model 'gemma4-e3b' \(did you mean 'gemma4-e4b'\? .*"
