@@ -73,10 +73,17 @@ def target_or_default(name: str | None, topology: str | None = None) -> str:
     return kind or DEFAULT_TARGET
 
 
+def _topology_prefix(topology: str | None) -> str | None:
+    """The word a topology names before its shape (v5p of v5p:2x2x1; none in 2x2x1), in lower
+    case: a TPU kind, or one memprobe does not know."""
+    m = re.match(r"([a-z][a-z0-9]*)[:=_]", (topology or "").strip().lower())
+    return m.group(1) if m else None
+
+
 def _topology_kind(topology: str | None) -> str | None:
     """The TPU kind a topology names before its shape (v5p of v5p:2x2x1), if any."""
-    m = re.match(r"([a-z0-9]+)[:=_]", (topology or "").strip().lower())
-    return m.group(1) if m and m.group(1) in TPU_KINDS else None
+    prefix = _topology_prefix(topology)
+    return prefix if prefix in TPU_KINDS else None
 
 
 # GPU targets: the compiler target configs (GpuTargetConfigProto, text format) that the
@@ -127,10 +134,9 @@ def _tpu_topology_devices(kind: TpuKind, topology: str, option: str = "--topolog
 def _with_kind(kind: str, topology: str, target: str) -> str:
     """A --topology with the target's kind before its shape (2x2x1 -> v5p:2x2x1); one that
     names another kind (v5e:2x2 for --target v5p) is refused rather than read as v5p's."""
-    other = _topology_kind(topology)
-    prefix = re.match(r"([a-z][a-z0-9]*)[:=_]", topology)
-    if other is None and prefix:  # v9:2x2x1 was read as tpu7x's "tpu7x:v9:2x2x1"
-        raise unknown("TPU kind", prefix.group(1), TPU_KINDS, f"--topology {topology}: ")
+    other = _topology_prefix(topology)
+    if other is not None and other not in TPU_KINDS:  # v9:2x2x1 was read as tpu7x's "tpu7x:v9:2x2x1"
+        raise unknown("TPU kind", other, TPU_KINDS, f"--topology {topology}: ")
     if other is not None and other != kind:
         named = target if target == kind else f"{target} (a {kind})"
         raise BadInput(f"--topology {topology} is for {other}, not for --target {named}; leave --target "
