@@ -56,6 +56,15 @@ SUFFIX_FORMATS = {".md": "markdown", ".markdown": "markdown", ".json": "json", "
 FROM_SUFFIX = "Without it, an --output file's suffix picks it (.md, .json, .csv, .html)"
 
 
+def suffix_format(output: Path | None) -> str | None:
+    """What the --output file's suffix names: a format ("markdown", ...), "picture" for a
+    chart's suffix, or None (another suffix, none, or standard output)."""
+    suffix = output.suffix.lower() if output is not None and output != STDOUT else ""
+    if suffix and suffix in CHART_FORMATS:
+        return "picture"
+    return SUFFIX_FORMATS.get(suffix)
+
+
 def output_format(fmt: enum.Enum | None, output: Path | None, formats: type[enum.Enum], default: enum.Enum,
                   charts: bool = True):
     """The --format given; without one, the format the --output file's suffix names, else
@@ -63,12 +72,11 @@ def output_format(fmt: enum.Enum | None, output: Path | None, formats: type[enum
     command has --chart when ``charts``), is refused: the file would hold something else."""
     if fmt is not None:
         return fmt
-    suffix = output.suffix.lower() if output is not None and output != STDOUT else ""
-    if suffix in CHART_FORMATS and suffix:  # a picture was meant; the text would land in it
+    name = suffix_format(output)
+    if name == "picture":  # a picture was meant; the text would land in it
         hint = f"; a chart is saved with --chart {output.name}" if charts else ""
         raise BadInput(f"--output {output}: {output.suffix} is a picture's suffix, and --output writes the result as "
                        f"text{hint}")
-    name = SUFFIX_FORMATS.get(suffix)
     if name is None:
         return default
     try:

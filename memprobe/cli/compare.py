@@ -13,8 +13,8 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from memprobe.api import resolve_plans
 from memprobe.cache import ResultCache
 from memprobe.cli import _options as o
-from memprobe.cli._output import (CHART_FORMATS, SUFFIX_FORMATS, check_chart, check_writable, command_line, messages,
-                                  output_format, write_result)
+from memprobe.cli._output import (check_chart, check_writable, command_line, messages, output_format, suffix_format,
+                                  write_result)
 from memprobe.compile import DEFAULT_TIMEOUT_S, check_run, compile_jobs, default_host_cap, default_parallel
 from memprobe.errors import BadInput
 from memprobe.measure import Measurement, host_ram_check, parse_positive_size, with_host_ram
@@ -108,8 +108,7 @@ def baseline(
                                       param_dtype, grad_accum)
     cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
-    suffix = output.suffix.lower()
-    if SUFFIX_FORMATS.get(suffix, "json") != "json" or (suffix and suffix in CHART_FORMATS):
+    if suffix_format(output) not in (None, "json"):
         raise BadInput(f"--output {output}: a baseline is JSON, which a {output.suffix} file is not; name it .json")
     say(notes)
     measurements = run_plans(plans, timeout, jobs, no_cache, cap)
