@@ -216,9 +216,9 @@ def load_catalogue(extra_files: Iterable[Path] = (), extra_dirs: Iterable[Path] 
     user.extend(Path(f) for f in extra_files)
     read: set[Path] = set()  # one file named twice (as --strategy-file and in a --strategies-dir) is one strategy
     for p in user:
-        if p.resolve() in read:
+        if (where := p.resolve()) in read:
             continue
-        read.add(p.resolve())
+        read.add(where)
         s = load_strategy(p)
         if s.name in found:
             if found[s.name].source == "built-in":
