@@ -22,8 +22,9 @@ from memprobe.liveness import EXPLAIN_SCHEMA, Explained, Explanation
 from memprobe.measure import Measurement
 from memprobe.plan import DEFAULT_MODEL, CompileJob, Optimizer, ParamDtype, Plan, Step, job_labels, make_plan, sweep
 from memprobe.render import DEFAULT_TOP
-from memprobe.result import Result, read_json
-from memprobe.search import AXES, FitResult, RoundRunner, fit_sweep, search_axis
+from memprobe.result import SCHEMA, Result, read_json
+from memprobe.search import (AXES, FIT_SCHEMA, FITS_SCHEMA, FitResult, RoundRunner, fit_sweep, fits_from_json,
+                             search_axis)
 from memprobe.strategy import DEFAULT_STRATEGIES, Strategy, load_catalogue, select
 from memprobe.targets import require_backend, resolve_target, target_or_default
 
@@ -329,14 +330,24 @@ def _explain_one(job: CompileJob, timeout_s: float, cap: int | None, store: Resu
     return m, Explanation.from_dict(explanation)
 
 
-def load(path: str | Path) -> Result | Explained:
-    """A result saved with ``Result.save``, `--format json` or `memprobe baseline`; or an
-    ``explain`` answer saved with `memprobe explain --format json`, for ``report``."""
+def load(path: str | Path) -> Result | FitResult | list[FitResult] | Explained:
+    """What the library or the command line saved, read back for ``report``: a result
+    (``Result.save``, `--format json`, `memprobe baseline`); a fit (``FitResult.save``, `memprobe
+    fit --format json`), or the list of a sweep's fits; or an ``explain`` answer
+    (``Explained.save``, `memprobe explain --format json`)."""
     data = read_json(Path(path))
-    if isinstance(data, dict) and data.get("schema") == EXPLAIN_SCHEMA:
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema == EXPLAIN_SCHEMA:
         from memprobe.render.explain import from_json  # pandas, only for an explain answer
 
         return from_json(data, str(path))
+    if schema in (FIT_SCHEMA, FITS_SCHEMA):
+        fits = fits_from_json(data, str(path))
+        return fits if schema == FITS_SCHEMA else fits[0]
+    if isinstance(data, dict) and schema != SCHEMA:
+        found = f"schema {schema!r}" if "schema" in data else 'no "schema" field'
+        raise BadInput(f"{path}: memprobe.load cannot read this ({found}; it reads {SCHEMA!r}, {FIT_SCHEMA!r}, "
+                       f"{FITS_SCHEMA!r} and {EXPLAIN_SCHEMA!r})")
     return Result.from_json(data, str(path))
 
 
@@ -348,15 +359,20 @@ def frame(result: Result) -> pd.DataFrame:
     return csv_frame(result)
 
 
-def report(result: Result | Explained, fmt: str = "table", file: IO[str] | None = None, *,
-           top: int = DEFAULT_TOP) -> str | None:
+def report(result: Result | FitResult | Sequence[FitResult] | Explained, fmt: str = "table",
+           file: IO[str] | None = None, *, top: int = DEFAULT_TOP) -> str | None:
     """`memprobe report` as a call: ``result`` as table, markdown, json, csv or html, written
-    to ``file``, or returned as a string when no file is given. An ``explain`` answer renders
-    as `memprobe explain` prints it (table, markdown or json), ``top`` buffers or diff groups
-    listed and the rest summed."""
-    from memprobe.render import ExplainFormat, Format, check_top, render as render_to
+    to ``file``, or returned as a string when no file is given. A fit (or the list of a
+    sweep's fits) renders as `memprobe fit` prints it: table, markdown or json. An ``explain``
+    answer renders as `memprobe explain` prints it (table, markdown or json), ``top`` buffers
+    or diff groups listed and the rest summed."""
+    from memprobe.render import ExplainFormat, FitFormat, Format, check_top, render as render_to
 
-    known = tuple(f.value for f in (ExplainFormat if isinstance(result, Explained) else Format))
+    fits = [result] if isinstance(result, FitResult) else list(result) if isinstance(result, (list, tuple)) else None
+    if fits is not None and (not fits or not all(isinstance(f, FitResult) for f in fits)):
+        raise BadInput("report: a list renders as the fits of one sweep; give FitResults (one result otherwise)")
+    formats = ExplainFormat if isinstance(result, Explained) else FitFormat if fits is not None else Format
+    known = tuple(f.value for f in formats)
     if fmt not in known:
         raise unknown("format", fmt, known)
     out = file if file is not None else io.StringIO()
@@ -365,6 +381,10 @@ def report(result: Result | Explained, fmt: str = "table", file: IO[str] | None 
 
         check_top(top)
         write(result, fmt, out, top)
+    elif fits is not None:
+        from memprobe.render.fit import render_fits  # pandas, through the shared footnotes
+
+        render_fits(fits, FitFormat(fmt), out)
     else:
         render_to(result, Format(fmt), out)
     return None if file is not None else out.getvalue()

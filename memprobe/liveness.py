@@ -700,6 +700,14 @@ class Explained:
             return None
         return diff(self.answers[0][1], self.answers[1][1])
 
+    def save(self, path: str | Path) -> None:
+        """Writes the JSON `memprobe explain --format json` writes: what ``memprobe.load`` and
+        `memprobe report` read back."""
+        from memprobe.render.explain import to_json  # pandas, as for any explain rendering
+        from memprobe.result import save_json
+
+        save_json(path, to_json(self), "ex", ("table", "markdown"))
+
     def explanation(self, strategy: str) -> Explanation:
         """The explanation of ``strategy``; KeyError when it was not asked or failed."""
         for m, e in self.answers:

@@ -114,9 +114,9 @@ class Result:
     def load(cls, path: Path) -> Result:
         return cls.from_json(read_json(path), str(path))
 
-    def save(self, path: Path) -> None:
+    def save(self, path: str | Path) -> None:
         """Writes the JSON that ``load``, `memprobe report` and `memprobe check` read."""
-        Path(path).write_text(self.dumps())
+        save_json(path, self.to_json(), "result", ("table", "markdown", "csv", "html"))
 
     @classmethod
     def merge(cls, results: list[tuple[str, Result]]) -> Result:
@@ -242,6 +242,27 @@ def measurement_from_json(row: Any, at: str) -> Measurement:
         return Measurement.from_dict(row)  # which keeps only Measurement's fields
     except TypeError as e:
         raise BadInput(f"{at}: {e}") from None
+
+
+def save_json(path: str | Path, data: dict, what: str, formats: tuple[str, ...], chart: bool = True) -> None:
+    """Writes a saved memprobe result (``data``) as JSON to ``path``. A suffix naming another
+    format or a picture is refused: `result.save("e2b.md")` wrote JSON into a .md file, where
+    the command line's `-o e2b.md` writes markdown. The message says how to write what the
+    suffix names: ``memprobe.report(what, ...)`` in one of ``formats``, or, where ``chart``,
+    `memprobe report --chart`."""
+    from memprobe.render import suffix_format
+
+    path = Path(path)
+    name = suffix_format(path)
+    if name not in (None, "json"):
+        if name == "picture" and chart:
+            hint = f"`memprobe report {path.with_suffix('.json')} --chart {path}` draws the chart"
+        elif name in formats:
+            hint = f"memprobe.report({what}, {name!r}, file=...) writes {name}"
+        else:
+            hint = f"memprobe.report({what}, ...) writes {', '.join(formats[:-1])} or {formats[-1]}"
+        raise BadInput(f"{path}: save writes JSON, not the {name} its {path.suffix} suffix names; {hint}")
+    path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def read_json(path: Path) -> Any:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 from memprobe.errors import BadInput
 from memprobe.measure import (Measurement, host_ram_check, in_gib, parse_positive_size, with_host_ram)
@@ -198,6 +199,11 @@ def search(strategies: list[str], budget: int, max_n: int, measure: Measure, hos
             s.end_round()
 
 
+#: The ``schema`` of a saved fit, and of the fits of a sweep saved together.
+FIT_SCHEMA = "memprobe.fit"  # one fit
+FITS_SCHEMA = "memprobe.fits"  # several fits of one sweep (--seq 8192,24576) in one file
+
+
 @dataclasses.dataclass
 class FitResult:
     """A finished search: one ``StrategySearch`` per strategy, every measurement it compiled,
@@ -268,11 +274,18 @@ class FitResult:
                          "over_below": [s.value(n) for n in s.over_below]})
         result = Result(self.measurements, command=self.command,
                         **({"created": self.created} if self.created else {})).to_json()
-        return {"schema": "memprobe.fit", "schema_version": 1, "created": result["created"],
+        return {"schema": FIT_SCHEMA, "schema_version": 1, "created": result["created"],
                 "command": self.command, "axis": a, **({"seq_unit": self.unit} if a == "seq" else {}),
                 "budget_bytes": self.budget, "budget_source": self.budget_source,
                 f"max_{a}": self.max_n * self.unit, "host_ram_bytes": self.host_ram,
                 "devices_per_host": self.devices_per_host, "rows": rows, "result": result}
+
+    def save(self, path: str | Path) -> None:
+        """Writes the JSON `memprobe fit --format json` writes: what ``memprobe.load`` and
+        `memprobe report` read back."""
+        from memprobe.result import save_json
+
+        save_json(path, self.to_json(), "found", ("table", "markdown"), chart=False)
 
     @classmethod
     def from_json(cls, data: dict, where: str = "result") -> FitResult:
@@ -304,9 +317,6 @@ class FitResult:
         except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
             raise BadInput(f"{where}: not a memprobe fit result ({type(e).__name__}: {e})") from None
         return fit
-
-
-FITS_SCHEMA = "memprobe.fits"  # several fits of one sweep (--seq 8192,24576) in one file
 
 
 def fits_to_json(fits: list[FitResult]) -> dict:

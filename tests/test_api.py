@@ -44,6 +44,18 @@ def test_compare_returns_every_strategys_figures_and_renders_them(tmp_path):
     cli = subprocess.run([sys.executable, "-m", "memprobe", "report", str(path), "--format", "markdown"],
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0 and cli.stdout == md  # the CLI renders a library result the same
+    # save writes JSON: a suffix naming another format is refused, not filled with JSON.
+    with pytest.raises(memprobe.BadInput, match=r"r\.md: save writes JSON, not the markdown its \.md suffix names; "
+                                                r"memprobe\.report\(result, 'markdown', file=\.\.\.\) writes markdown"):
+        r.save(tmp_path / "r.md")
+    with pytest.raises(memprobe.BadInput, match=r"not the picture its \.PNG suffix names; `memprobe report "):
+        r.save(tmp_path / "r.PNG")
+    assert not (tmp_path / "r.md").exists() and not (tmp_path / "r.PNG").exists()
+    # A file of another kind is named, with the kinds load reads.
+    (tmp_path / "verdict.json").write_text('{"schema": "memprobe.check"}')
+    with pytest.raises(memprobe.BadInput, match=r"verdict\.json: memprobe\.load cannot read this \(schema "
+                                                r"'memprobe\.check'; it reads 'memprobe\.result', 'memprobe\.fit'"):
+        memprobe.load(tmp_path / "verdict.json")
 
 
 def test_a_strategy_built_in_code_compiles_like_the_same_strategy_file(tmp_path):
@@ -177,6 +189,32 @@ def test_fit_answers_with_a_compiled_size_that_fits_and_the_next_over():
     # Each size's figure is that batch's own compile, as compare makes it.
     one = memprobe.compare(**{**TINY, "batch": b}, strategies=["checkpoint"]).measurements[0]
     assert one.peak_bytes == s.peaks[b]
+
+
+def test_a_fit_saves_loads_and_renders_as_the_cli_renders_it(tmp_path):
+    # The search of the test above: from this worker's cache.
+    r = memprobe.fit(**FIT, budget="100MiB", strategies=["checkpoint"])
+    path = tmp_path / "fit.json"
+    r.save(path)
+    again = memprobe.load(path)
+    assert isinstance(again, memprobe.FitResult) and again.answers() == r.answers()
+    assert again.searches[0].peaks == r.searches[0].peaks and again.budget == 100 * 2**20
+    md = memprobe.report(r, "markdown")
+    assert md == memprobe.report(again, "markdown")
+    b = r.answers()["checkpoint"]
+    assert f"| checkpoint | {b} |" in md and "within 0.10 GiB" in md
+    cli = subprocess.run([sys.executable, "-m", "memprobe", "report", str(path), "--format", "markdown"],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and cli.stdout == md, cli.stderr  # the CLI renders a library fit the same
+    assert json.loads(memprobe.report(r, "json")) == json.loads(path.read_text())
+    # A fit renders as a table, markdown or JSON, as `memprobe fit` writes it; nothing else.
+    with pytest.raises(memprobe.BadInput, match=r"unknown format 'csv' \(known: table, markdown, json\)"):
+        memprobe.report(r, "csv")
+    with pytest.raises(memprobe.BadInput, match=r"fit\.csv: save writes JSON, not the csv its \.csv suffix names; "
+                                                r"memprobe\.report\(found, \.\.\.\) writes table or markdown"):
+        r.save(tmp_path / "fit.csv")
+    with pytest.raises(memprobe.BadInput, match="a list renders as the fits of one sweep"):
+        memprobe.report([r, "checkpoint"], "table")
 
 
 @pytest.mark.parametrize("kwargs,message", [

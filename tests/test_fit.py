@@ -499,6 +499,10 @@ def test_fit_at_several_lengths_is_each_lengths_own_fit_with_the_answers_side_by
     assert [f.answers() for f in found] == [{n: r[n]["largest_batch"] for n in r} for r in rows]
     assert isinstance(api.fit(seq=256, model="tiny-e2b", target="cpu", budget="80MiB", strategies=["unrolled"]),
                       FitResult)
+    # ... and renders, as a list, as the CLI renders the sweep; its JSON loads back as a list.
+    assert _table(api.report(found, "markdown"), header) == _table(md.stdout, header)
+    (tmp_path / "found.json").write_text(api.report(found, "json"))
+    assert [f.answers() for f in api.load(tmp_path / "found.json")] == [f.answers() for f in found]
     broken = tmp_path / "broken.json"
     broken.write_text('{"schema": "memprobe.fits", "fits": []}')
     bad = memprobe("report", str(broken))

@@ -7,9 +7,8 @@ from typing import Annotated
 
 import typer
 
-from memprobe.cli._output import FROM_SUFFIX
 from memprobe.plan import Optimizer, ParamDtype, Step
-from memprobe.render import Format
+from memprobe.render import FROM_SUFFIX, Format
 from memprobe.targets import DEFAULT_TARGET
 
 Seq = Annotated[int, typer.Option("--seq", help="Sequence length (tokens per example).")]

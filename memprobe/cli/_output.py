@@ -14,7 +14,7 @@ from typing import IO
 from rich.console import Console
 
 from memprobe.errors import BadInput
-from memprobe.render import Format, render
+from memprobe.render import CHART_FORMATS, Format, render, suffix_format
 from memprobe.result import Result
 
 
@@ -44,25 +44,6 @@ def check_writable(output: Path | None, option: str = "--output") -> None:
         raise BadInput(f"{option} {output}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (output.exists() and not os.access(output, os.W_OK)):
         raise BadInput(f"{option} {output}: not writable")
-
-
-#: The chart formats, by the file name's suffix (none: PNG).
-CHART_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", "": "png"}
-#: The formats an --output file's suffix names, for a command given no --format: `-o r.md` is
-#: markdown, as `--chart c.svg` is SVG (a rich table with box characters used to land in r.csv).
-SUFFIX_FORMATS = {".md": "markdown", ".markdown": "markdown", ".json": "json", ".csv": "csv", ".html": "html",
-                  ".htm": "html"}
-#: Said in each --format's help.
-FROM_SUFFIX = "Without it, an --output file's suffix picks it (.md, .json, .csv, .html)"
-
-
-def suffix_format(output: Path | None) -> str | None:
-    """What the --output file's suffix names: a format ("markdown", ...), "picture" for a
-    chart's suffix, or None (another suffix, none, or standard output)."""
-    suffix = output.suffix.lower() if output is not None and output != STDOUT else ""
-    if suffix and suffix in CHART_FORMATS:
-        return "picture"
-    return SUFFIX_FORMATS.get(suffix)
 
 
 def output_format(fmt: enum.Enum | None, output: Path | None, formats: type[enum.Enum], default: enum.Enum,

@@ -13,13 +13,12 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from memprobe.api import resolve_plans
 from memprobe.cache import ResultCache
 from memprobe.cli import _options as o
-from memprobe.cli._output import (check_chart, check_writable, command_line, messages, output_format, suffix_format,
-                                  write_result)
+from memprobe.cli._output import check_chart, check_writable, command_line, messages, output_format, write_result
 from memprobe.compile import DEFAULT_TIMEOUT_S, check_run, compile_jobs, default_host_cap, default_parallel
 from memprobe.errors import BadInput
 from memprobe.measure import Measurement, host_ram_check, parse_positive_size, with_host_ram
 from memprobe.plan import DEFAULT_MODEL, CompileJob, ParamDtype, Plan, Step, job_labels
-from memprobe.render import Format
+from memprobe.render import Format, suffix_format
 from memprobe.result import Result
 from memprobe.targets import target_or_default
 

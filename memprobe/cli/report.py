@@ -16,7 +16,7 @@ from memprobe.measure import parse_host_ram, with_host_ram
 from memprobe.liveness import EXPLAIN_SCHEMA
 from memprobe.render import DEFAULT_TOP, ExplainFormat, FitFormat, Format, check_top
 from memprobe.result import SCHEMA, Result, read_json
-from memprobe.search import FITS_SCHEMA, FitResult, fits_from_json, merge_fits
+from memprobe.search import FIT_SCHEMA, FITS_SCHEMA, FitResult, fits_from_json, merge_fits
 
 
 def report(
@@ -50,7 +50,7 @@ def report(
     loaded_files, fits = [], []
     for path in results:
         data = read_json(path)
-        if isinstance(data, dict) and data.get("schema") in ("memprobe.fit", FITS_SCHEMA):
+        if isinstance(data, dict) and data.get("schema") in (FIT_SCHEMA, FITS_SCHEMA):
             fits.append((str(path), fits_from_json(data, str(path))))
             continue
         if isinstance(data, dict) and data.get("schema") == EXPLAIN_SCHEMA:
@@ -61,7 +61,7 @@ def report(
         if isinstance(data, dict) and data.get("schema") != SCHEMA:
             found = f"schema {data['schema']!r}" if "schema" in data else 'no "schema" field'
             raise BadInput(f"{path}: memprobe report cannot render this ({found}; it renders {SCHEMA!r}, "
-                           f"'memprobe.fit', {FITS_SCHEMA!r} and {EXPLAIN_SCHEMA!r})")
+                           f"{FIT_SCHEMA!r}, {FITS_SCHEMA!r} and {EXPLAIN_SCHEMA!r})")
         if top is not None:
             raise BadInput(f"{path}: --top applies to an explain result, not to a comparison")
         loaded_files.append((str(path), Result.from_json(data, str(path))))

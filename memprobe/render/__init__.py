@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import os
+from pathlib import Path
 from typing import IO
 
 from rich.console import Console
@@ -59,6 +60,25 @@ class ModelFormat(str, enum.Enum):
     TABLE = "table"
     JSON = "json"
     TOML = "toml"
+
+
+#: The chart formats, by the file name's suffix (none: PNG).
+CHART_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", "": "png"}
+#: The formats an output file's suffix names, for a command given no --format: `-o r.md` is
+#: markdown, as `--chart c.svg` is SVG (a rich table with box characters used to land in r.csv).
+SUFFIX_FORMATS = {".md": "markdown", ".markdown": "markdown", ".json": "json", ".csv": "csv", ".html": "html",
+                  ".htm": "html"}
+#: Said in each --format's help.
+FROM_SUFFIX = "Without it, an --output file's suffix picks it (.md, .json, .csv, .html)"
+
+
+def suffix_format(path: Path | None) -> str | None:
+    """What a file's suffix names: a format ("markdown", ...), "picture" for a chart's
+    suffix, or None (another suffix, none, no file, or standard output, "-")."""
+    suffix = path.suffix.lower() if path is not None else ""
+    if suffix and suffix in CHART_FORMATS:
+        return "picture"
+    return SUFFIX_FORMATS.get(suffix)
 
 
 def terminal_width(file: IO[str], piped: int = 160) -> int:
