@@ -289,12 +289,16 @@ def _log_lines(log_path: str) -> list[str]:
 
 
 def _log_reason(log_path: str) -> str:
-    """The most telling line a crashed compile left in its log: a failed CHECK first."""
+    """The most telling line a crashed compile left in its log: a failed CHECK first, then
+    the compiler's fatal line (XLA's LOG(FATAL) before it aborts: `--seq 100000000000` died on
+    signal 6 with "DilatedBound overflow: ..." as its only word, unsaid)."""
     lines = [l for l in _log_lines(log_path)
              if not any(n in l for n in _STARTUP_NOISE) and not _below_error(l)]
-    for keys in (("Check failed",), ("RESOURCE_EXHAUSTED", "MemoryError"), ("Error", "error")):
+    tests = (lambda l: "Check failed" in l, lambda l: l.startswith("F") and bool(_GLOG_PREFIX.match(l)),
+             lambda l: "RESOURCE_EXHAUSTED" in l or "MemoryError" in l, lambda l: "Error" in l or "error" in l)
+    for test in tests:
         for line in reversed(lines):
-            if any(k in line for k in keys):
+            if test(line):
                 return one_line(_GLOG_PREFIX.sub("", line))
     return ""
 

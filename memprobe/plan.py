@@ -50,6 +50,9 @@ def recipe(step: str, optimizer: str | None, param_dtype: str, grad_accum: int =
     return f"{param_dtype} parameters{update}{accum}"
 
 
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Shapes:
     """Per-step shapes. ``batch_per_device`` is MaxText's per_device_batch_size."""
@@ -63,6 +66,9 @@ class Shapes:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise BadInput(f"{_flag(field)} must be a positive integer, got {value!r}")
+        if self.seq_len > INT32_MAX:  # the compile aborted ("DilatedBound overflow")
+            raise BadInput(f"--seq {self.seq_len}: over {INT32_MAX:,}, the longest sequence whose positions "
+                           "JAX's default integer (int32) can number")
         block = attention_block_size(self.seq_len)  # the whole length when under 512: always valid
         if self.seq_len % block:
             below = self.seq_len // block * block
@@ -165,8 +171,20 @@ def make_plan(*, model: str | ModelConfig, strategies: list[Strategy], target: T
         if s.offload and not target.has_host_memory:
             raise BadInput(f"{s.where}: offload: target {target.name} has no host memory space "
                            "to offload to")
-    return Plan(cfg, tuple(strategies), target, make_shapes(seq_len, batch_per_device, loss_chunks), step,
-                optimizer, param_dtype, grad_accum)
+    shapes = make_shapes(seq_len, batch_per_device, loss_chunks)
+    check_tokens(shapes.seq_len, shapes.batch_per_device, target.num_devices, grad_accum,
+                 f"--batch {shapes.batch_per_device}")
+    return Plan(cfg, tuple(strategies), target, shapes, step, optimizer, param_dtype, grad_accum)
+
+
+def check_tokens(seq_len: int, batch_per_device: int, num_devices: int, grad_accum: int, what: str) -> None:
+    """Refuses a step whose tokens (every microbatch, all devices) no XLA shape holds: the
+    compile failed with a TypeError, or XLA's "overflow in static extent product". ``what``
+    names the option to blame ("--batch 8")."""
+    if grad_accum * batch_per_device * num_devices * seq_len > INT64_MAX:
+        accum = f" x {grad_accum} microbatches" if grad_accum > 1 else ""
+        raise BadInput(f"{what}: the step's tokens ({batch_per_device} x {num_devices} devices{accum} x "
+                       f"seq {seq_len}) are more than an XLA shape holds ({INT64_MAX:,} elements)")
 
 
 def make_shapes(seq_len: int, batch_per_device: int, loss_chunks: int | None = None) -> Shapes:

@@ -42,7 +42,7 @@ from pathlib import Path
 from memprobe.errors import BadInput
 from memprobe.measure import (Measurement, host_ram_check, in_gib, parse_positive_size, with_host_ram)
 from memprobe.model._config import attention_block_size, default_loss_chunks
-from memprobe.plan import CompileJob, Plan, Shapes, sweep
+from memprobe.plan import INT32_MAX, CompileJob, Plan, Shapes, check_tokens, sweep
 from memprobe.result import TARGET_FIELDS
 
 AXES = ("batch", "seq")  # what a fit varies: the per-device batch, or the sequence length
@@ -481,6 +481,12 @@ def fit_sweep(plans: list[Plan], axis: str, unit: int, max_n: int, runner: Round
         seqs, batches = ((fixed, [plan.shapes.batch_per_device]) if axis == "batch"
                          else ([plan.shapes.seq_len], fixed))
         swept += [(p, limits) for p in sweep(plan, seqs, batches, loss_chunks)]
+    for p, _ in swept:  # the largest size searched must be a step XLA can shape, too
+        if axis == "batch":
+            check_tokens(p.shapes.seq_len, max_n, p.target.num_devices, p.grad_accum, f"--max-batch {max_n}")
+        else:
+            check_tokens(max_n * unit, p.shapes.batch_per_device, p.target.num_devices, p.grad_accum,
+                         f"--max-seq {max_n * unit}")
 
     def at(p: Plan) -> str:
         where = [p.target.label] if len(plans) > 1 else []
@@ -511,4 +517,7 @@ def search_axis(vary: str, seq: int | None, batch: int | None, max_batch: int | 
     longest = DEFAULT_MAX_SEQ if max_seq is None else max_seq
     if longest < unit or longest % unit:
         raise BadInput(f"--max-seq must be a positive multiple of the attention block ({unit}), got {longest}")
+    if longest > INT32_MAX:
+        raise BadInput(f"--max-seq {longest}: over {INT32_MAX:,}, the longest sequence whose positions JAX's "
+                       "default integer (int32) can number")
     return "seq", unit, longest // unit, unit, 1 if batch is None else batch

@@ -79,6 +79,14 @@ COMPARE_BAD = [
     (["--format", "yaml"], "Invalid value for '--format': 'yaml' is not one of 'table', 'markdown', 'json'"),
     (["--batch", "0"], "--batch must be a positive integer, got 0"),
     (["--seq", "1000"], "--seq 1000 is not a multiple of the attention block (512)"),
+    # Sizes no compile can take: the compile aborted, or failed with a TypeError.
+    (["--seq", "100000000000"], "--seq 100000000000: over 2,147,483,647, the longest sequence whose positions "
+                                "JAX's default integer (int32) can number"),
+    (["--batch", "99999999999999999999"], "--batch 99999999999999999999: the step's tokens (99999999999999999999 x "
+                                          "8 devices x seq 24576) are more than an XLA shape holds "
+                                          "(9,223,372,036,854,775,807 elements)"),
+    (["--batch", "2000000000000000", "--grad-accum", "4", "--seq", "512"],
+     "the step's tokens (2000000000000000 x 8 devices x 4 microbatches x seq 512) are more than"),
     (["--seq", "1024", "--loss-chunks", "3"], "--loss-chunks 3 does not divide --seq 1024"),
     (["--strategies", "fastest"], "unknown strategy 'fastest' (known: unrolled, checkpoint,"),
     (["--strategies", "unrolled,scan-chekpoint"], "unknown strategy 'scan-chekpoint' (did you mean 'scan-checkpoint'?"),

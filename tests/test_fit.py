@@ -400,6 +400,9 @@ def test_fit_vary_seq_finds_the_longest_sequence_in_attention_blocks(tmp_path):
     (["--vary", "seq", "--loss-chunks", "4"], "--loss-chunks does not apply with --vary seq"),
     (["--vary", "seq", "--max-seq", "1000"], "--max-seq must be a positive multiple of the attention block (512), got 1000"),
     (["--vary", "seq", "--batch", "0"], "--batch must be a positive integer, got 0"),
+    # The largest size a search may reach is checked before its first compile.
+    (["--max-batch", "99999999999999999999"], "--max-batch 99999999999999999999: the step's tokens"),
+    (["--vary", "seq", "--max-seq", "4294967296"], "--max-seq 4294967296: over 2,147,483,647, the longest sequence"),
     # On several targets, each target's limits are checked before the first one's search starts.
     (["--target", "v5e,cpu"], "target cpu has no HBM capacity to fit in; pass --budget SIZE"),
     (["--target", "v5e,cpu", "--budget", "1GiB", "--host-ram", "1TiB"], "--host-ram: target cpu has no host memory"),

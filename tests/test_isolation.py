@@ -208,6 +208,17 @@ def test_a_stopped_explain_leaves_no_dump_behind(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_compile_the_compiler_aborts_says_the_compilers_last_word():
+    # A length memprobe refuses up front (positions past int32), forced into the job: XLA
+    # logs one fatal line and aborts. The row used to say only "died on signal 6".
+    (job,) = jobs_for("tiny-e2b", resolve_target("tpu7x", None), seq=256, batch=1,
+                      strategies=["checkpoint"]).values()
+    object.__setattr__(job.shapes, "seq_len", 100_000_000_000)
+    (m,) = compile_jobs([job])
+    assert m.error == ("compile process died on signal 6: DilatedBound overflow: bound=100000000000 "
+                       "dilation=100000000000"), m.error
+
+
 def test_libtpus_start_up_lines_are_never_a_compile_failures_reason(tmp_path):
     from memprobe.compile import _log_reason, compiler_oom
 
