@@ -24,7 +24,7 @@ from memprobe.plan import DEFAULT_MODEL, CompileJob, Optimizer, ParamDtype, Plan
 from memprobe.render import DEFAULT_TOP
 from memprobe.result import SCHEMA, Result, read_json
 from memprobe.search import (AXES, FIT_SCHEMA, FITS_SCHEMA, FitResult, RoundRunner, fit_sweep, fits_from_json,
-                             search_axis)
+                             merge_fits, search_axis)
 from memprobe.strategy import DEFAULT_STRATEGIES, Strategy, load_catalogue, select
 from memprobe.targets import require_backend, resolve_target, target_or_default
 
@@ -371,6 +371,8 @@ def report(result: Result | FitResult | Sequence[FitResult] | Explained, fmt: st
     fits = [result] if isinstance(result, FitResult) else list(result) if isinstance(result, (list, tuple)) else None
     if fits is not None and (not fits or not all(isinstance(f, FitResult) for f in fits)):
         raise BadInput("report: a list renders as the fits of one sweep; give FitResults (one result otherwise)")
+    if fits is not None:  # fits of one sweep, as `memprobe report` merges files; the order as given
+        merge_fits([(f"fits[{i}]", [f]) for i, f in enumerate(fits)])
     formats = ExplainFormat if isinstance(result, Explained) else FitFormat if fits is not None else Format
     known = tuple(f.value for f in formats)
     if fmt not in known:

@@ -215,6 +215,8 @@ def test_a_fit_saves_loads_and_renders_as_the_cli_renders_it(tmp_path):
         r.save(tmp_path / "fit.csv")
     with pytest.raises(memprobe.BadInput, match="a list renders as the fits of one sweep"):
         memprobe.report([r, "checkpoint"], "table")
+    with pytest.raises(memprobe.BadInput, match=r"fits\[1\]: seq 256 is in fits\[0\] too"):
+        memprobe.report([r, again], "table")  # one fit twice is no sweep
 
 
 @pytest.mark.parametrize("kwargs,message", [
