@@ -15,7 +15,7 @@ from memprobe.errors import BadInput
 from memprobe.measure import GIB, Measurement, in_gib, parse_positive_size, parse_size
 from memprobe.model_file import model_from_mapping
 from memprobe.plan import Plan, make_plan, recipe
-from memprobe.result import Result
+from memprobe.result import Result, read_json
 from memprobe.strategy import strategy_from_mapping
 from memprobe.targets import require_backend, resolve_target
 
@@ -128,8 +128,19 @@ def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
 
 def load_baseline(path: Path, allow_version_drift: bool = False) -> Result:
     """A baseline fit to gate against: whole, and compiled with this machine's compiler
-    versions unless ``allow_version_drift``."""
-    base = Result.load(Path(path))
+    versions unless ``allow_version_drift``. Another kind of memprobe file (a fit, an explain
+    answer, check's own verdicts) is named as such."""
+    from memprobe.liveness import EXPLAIN_SCHEMA
+    from memprobe.search import FIT_SCHEMA, FITS_SCHEMA
+
+    data = read_json(Path(path))
+    others = {FIT_SCHEMA: "a fit result", FITS_SCHEMA: "fit results", EXPLAIN_SCHEMA: "an explain result",
+              CHECK_SCHEMA: "check's verdicts"}  # what memprobe writes that is no baseline
+    kind = others.get(data.get("schema") if isinstance(data, dict) else None)
+    if kind:
+        raise BadInput(f"{path}: {kind}, not a baseline; `memprobe baseline` writes one (as does compare's "
+                       "--format json)")
+    base = Result.from_json(data, str(path))
     if not all(m.ok for m in base.measurements):
         raise BadInput(f"{path}: the baseline has failed rows; write it again with `memprobe baseline`")
     if not allow_version_drift:

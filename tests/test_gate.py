@@ -1,6 +1,7 @@
 """The CI gate end to end: `memprobe baseline` then `memprobe check`, as a CI job runs them."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -119,6 +120,18 @@ def test_malformed_baseline_is_one_line_exit_2(baseline, tmp_path, edit, message
     lines = [l for l in r.stderr.splitlines() if l.startswith("memprobe: error:")]
     assert len(lines) == 1 and message in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("gemma4-e2b-seq24576-h100-8-fit.json", "a fit result"),
+    ("gemma4-e2b-seq24576-b8-tpu7x-8-explain-scan-layers-offload.json", "an explain result"),
+])
+def test_another_kind_of_memprobe_file_is_named_as_no_baseline(name, kind):
+    # It said "not a memprobe result (schema 'memprobe.fit'; ...)", though memprobe wrote it.
+    path = Path(__file__).resolve().parent.parent / "reports" / name
+    r = memprobe("check", str(path))
+    assert r.returncode == 2 and r.stderr.strip() == (f"memprobe: error: {path}: {kind}, not a baseline; `memprobe "
+                                                      "baseline` writes one (as does compare's --format json)")
 
 
 def test_version_drift_can_be_allowed(baseline, tmp_path):
