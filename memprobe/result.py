@@ -65,12 +65,16 @@ def group_by_config(measurements: list[Measurement]) -> list[list[Measurement]]:
     return list(groups.values())
 
 
+def now() -> str:
+    """When a result was made: ISO-8601 UTC, to the second."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
 @dataclasses.dataclass
 class Result:
     measurements: list[Measurement]
     command: str | None = None
-    created: str = dataclasses.field(
-        default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+    created: str = dataclasses.field(default_factory=lambda: now())
 
     @property
     def comparisons(self) -> list[list[Measurement]]:

@@ -43,7 +43,7 @@ from memprobe.errors import BadInput
 from memprobe.measure import (Measurement, host_ram_check, in_gib, parse_positive_size, with_host_ram)
 from memprobe.model._config import attention_block_size, default_loss_chunks
 from memprobe.plan import INT32_MAX, CompileJob, Plan, Shapes, check_tokens, sweep
-from memprobe.result import TARGET_FIELDS
+from memprobe.result import TARGET_FIELDS, now
 
 AXES = ("batch", "seq")  # what a fit varies: the per-device batch, or the sequence length
 
@@ -216,7 +216,7 @@ class FitResult:
     budget_source: str  # "HBM" (the target's per device) or "--budget"
     max_n: int
     command: str | None = None
-    created: str | None = None  # when the search ran (ISO-8601 UTC); now, if not read back
+    created: str | None = None  # when the search ended (ISO-8601 UTC); None: now, when written
     host_ram: int | None = None  # --host-ram: one host's RAM, shared by devices_per_host devices
     devices_per_host: int | None = None
     axis: str = "batch"
@@ -465,6 +465,7 @@ def fit_plan(plan: Plan, axis: str, unit: int, max_n: int, runner: RoundRunner, 
     result = FitResult([], measured, limits.budget, limits.source, max_n, host_ram=limits.host_ram,
                        devices_per_host=limits.devices_per_host, axis=axis, unit=unit)
     result.searches = search(list(by_name), limits.budget, max_n, measure, result.host_budget, axis, unit)
+    result.created = now()  # when the search ended: every save of it says the same
     return result
 
 
