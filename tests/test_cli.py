@@ -418,7 +418,7 @@ def test_the_output_files_suffix_picks_the_format_when_none_is_given(tmp_path):
     assert written("e4b.JSON") == printed("json") and json.loads(written("e4b.JSON"))["schema"] == "memprobe.result"
     assert written("e4b.htm") == printed("html") and written("e4b.htm").startswith("<!doctype html>")
     assert written("e4b.txt") == written("e4b.md") == printed("markdown")  # report's default, and .md's
-    assert json.loads(written("e4b.md", "--format", "json"))["schema"] == "memprobe.result"  # a --format wins
+    assert json.loads(written("e4b.result", "--format", "json"))["schema"] == "memprobe.result"  # no format's suffix
 
 
 @pytest.mark.parametrize("args,message", [
@@ -435,6 +435,18 @@ def test_the_output_files_suffix_picks_the_format_when_none_is_given(tmp_path):
      "--output answer.svg: .svg is a picture's suffix, and --output writes the result as text"),
     (["baseline", "--model", "tiny-e2b", "--seq", "512", "--batch", "1", "-o", "base.md"],
      "--output base.md: a baseline is JSON, which a .md file is not; name it .json"),
+    # `--format json -o e4b.md` wrote JSON into e4b.md (as the library's save() no longer does)
+    (["report", E4B, "--format", "json", "-o", "e4b.md"],
+     "--output e4b.md: its .md suffix names markdown, but --format json was given; name the file e4b.json, or drop "
+     "--format to write markdown"),
+    (["compare", "--model", "tiny-e2b", "--seq", "512", "--format", "table", "-o", "peaks.md"],
+     "--output peaks.md: its .md suffix names markdown, but --format table was given; name the file peaks.txt, or "
+     "drop --format to write markdown"),
+    (["fit", "--model", "tiny-e2b", "--seq", "512", "--format", "markdown", "-o", "answer.csv"],
+     "--output answer.csv: its .csv suffix names csv, but --format markdown was given; name the file answer.md"),
+    (["report", E4B, "--format", "json", "-o", "peaks.png"],
+     "--output peaks.png: .png is a picture's suffix, and --output writes the result as text; a chart is saved "
+     "with --chart peaks.png"),
     (["report", FIT, "-o", "fit.html"],
      f"{FIT}: a fit result renders as table, markdown or json, not html (from --output's .html suffix; give "
      "--format)"),
@@ -592,13 +604,15 @@ def test_a_chart_and_the_output_in_one_file_are_refused(tmp_path):
 
 def test_report_does_not_write_markdown_over_the_result_it_reads(tmp_path):
     # `report r.json --format markdown -o r.json` replaced the only copy of the result.
-    saved = tmp_path / "r.json"
+    # (A .json name is refused for markdown anyway; a result kept under another name is not.)
+    saved = tmp_path / "r.result"
     saved.write_text((ROOT / E4B).read_text())
     r = memprobe("report", str(saved), "--format", "markdown", "-o", str(saved), cwd=ROOT)
     assert (r.returncode, r.stdout) == (2, ""), r.stderr
     assert r.stderr.strip() == (f"memprobe: error: --output {saved} is a result being read: its markdown would "
                                 "replace the JSON; name another file")
     assert saved.read_text() == (ROOT / E4B).read_text()
+    saved = saved.rename(tmp_path / "r.json")
     again = memprobe("report", str(saved), "-o", str(saved), cwd=ROOT)  # JSON (the suffix's): the same result
     assert again.returncode == 0, again.stderr
     alone = memprobe("report", E4B, "--format", "json", cwd=ROOT)

@@ -14,7 +14,7 @@ from typing import IO
 from rich.console import Console
 
 from memprobe.errors import BadInput
-from memprobe.render import CHART_FORMATS, Format, render, suffix_format
+from memprobe.render import CHART_FORMATS, SUFFIX_FORMATS, Format, render, suffix_format
 from memprobe.result import Result
 
 
@@ -49,11 +49,18 @@ def check_writable(output: Path | None, option: str = "--output") -> None:
 def output_format(fmt: enum.Enum | None, output: Path | None, formats: type[enum.Enum], default: enum.Enum,
                   charts: bool = True):
     """The --format given; without one, the format the --output file's suffix names, else
-    ``default``. A suffix naming a format the command does not write, or a picture (the
-    command has --chart when ``charts``), is refused: the file would hold something else."""
-    if fmt is not None:
-        return fmt
+    ``default``. A suffix naming a format the command does not write, a picture (the
+    command has --chart when ``charts``), or another format than the --format given, is
+    refused: the file would hold something else than its name says."""
     name = suffix_format(output)
+    if fmt is not None and name not in (None, "picture", fmt.value):
+        # `--format json -o r.md` wrote JSON into r.md: one of the two is a slip
+        ext = {"markdown": ".md"}.get(fmt.value, f".{fmt.value}" if fmt.value in SUFFIX_FORMATS.values() else ".txt")
+        undo = f", or drop --format to write {name}" if name in {f.value for f in formats} else ""
+        raise BadInput(f"--output {output}: its {output.suffix} suffix names {name}, but --format {fmt.value} was "
+                       f"given; name the file {output.with_suffix(ext).name}{undo}")
+    if fmt is not None and name != "picture":
+        return fmt
     if name == "picture":  # a picture was meant; the text would land in it
         hint = f"; a chart is saved with --chart {output.name}" if charts else ""
         raise BadInput(f"--output {output}: {output.suffix} is a picture's suffix, and --output writes the result as "
