@@ -129,6 +129,8 @@ def test_html_embeds_the_chart_and_figures():
     import xml.etree.ElementTree as ET
 
     text = rendered(Format.HTML)
+    m = Result.from_json(json.loads(result_json())).measurements[0]
+    assert f"<title>memprobe: {m.model} train step, seq {m.seq_len} x per-device batch {m.batch_per_device} on " in text
     for r in rows().values():
         assert f"{r['peak_bytes']:,}" in text
     [svg] = re.findall(r"<svg.*?</svg>", text, re.S)

@@ -21,9 +21,9 @@ td{text-align:right}td:nth-child(2),td:nth-child(12),td:nth-child(13){text-align
 
 
 def render(result: Result, file: IO[str]) -> None:
-    file.write(f"<!doctype html>\n<html><head><meta charset='utf-8'><title>memprobe report</title>"
-               f"<style>{_STYLE}</style></head><body>\n")
     groups = result.comparisons
+    file.write(f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{html.escape(page_title(groups))}</title>"
+               f"<style>{_STYLE}</style></head><body>\n")
     charts = 0
     for sw in sweeps(groups):
         file.write(f"<h2>{html.escape(sw.title)}</h2>\n" + _sweep_table(sw)
@@ -45,6 +45,13 @@ def render(result: Result, file: IO[str]) -> None:
         file.write("<div class='notes'><ul>" + "".join(
             f"<li>{html.escape(n)}</li>" for n in footnotes(group, result.command)) + "</ul></div>\n")
     file.write("</body></html>\n")
+
+
+def page_title(groups: list[list]) -> str:
+    """What a browser tab or a bookmark shows: the first comparison's title (every page said
+    "memprobe report"), and how many more the page holds."""
+    more = f" (and {len(groups) - 1} more)" if len(groups) > 1 else ""
+    return f"memprobe: {title(groups[0][0])}{more}"
 
 
 def _figure(svg: bytes, n: int, label: str) -> str:
