@@ -21,7 +21,7 @@ _PUBLIC = {
     "load": "memprobe.api", "frame": "memprobe.api", "report": "memprobe.api", "check": "memprobe.api",
     "fit": "memprobe.api", "FitResult": "memprobe.search", "explain": "memprobe.api",
     "Explained": "memprobe.liveness", "Explanation": "memprobe.liveness",
-    "Tolerance": "memprobe.gate", "Verdict": "memprobe.gate",
+    "Tolerance": "memprobe.gate", "Verdict": "memprobe.gate", "Checked": "memprobe.gate",
     "Result": "memprobe.result", "Measurement": "memprobe.measure", "Plan": "memprobe.plan",
     "Strategy": "memprobe.strategy", "Loop": "memprobe.strategy", "Policy": "memprobe.strategy",
     "load_strategy": "memprobe.strategy", "load_catalogue": "memprobe.strategy",
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from memprobe.api import check, compare, explain, fit, frame, load, report, resolve_plan, run
     from memprobe.liveness import Explained, Explanation
     from memprobe.search import FitResult
-    from memprobe.gate import Tolerance, Verdict
+    from memprobe.gate import Checked, Tolerance, Verdict
     from memprobe.errors import BadInput, MemprobeError
     from memprobe.measure import Measurement
     from memprobe.plan import Plan

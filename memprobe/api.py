@@ -17,7 +17,7 @@ from memprobe.cache import ResultCache
 from memprobe.compile import (DEFAULT_TIMEOUT_S, check_devices, check_run, compile_environment, compile_jobs,
                               default_host_cap, default_parallel, explain_isolated, map_stoppable)
 from memprobe.errors import BadInput, unknown
-from memprobe.gate import Tolerance, Verdict, limits, load_baseline, recheck
+from memprobe.gate import CHECK_SCHEMA, Checked, Tolerance, limits, load_baseline, recheck
 from memprobe.liveness import EXPLAIN_SCHEMA, Explained, Explanation
 from memprobe.measure import Measurement
 from memprobe.plan import DEFAULT_MODEL, CompileJob, Optimizer, ParamDtype, Plan, Step, job_labels, make_plan, sweep
@@ -176,12 +176,13 @@ def compare(*, seq: int | Sequence[int] = 24576, batch: int | Sequence[int] = 8,
 
 def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: str | int | None = None,
           allow_version_drift: bool = False, jobs: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-          cache: bool = True, max_host_bytes: int | None = None, on_event: OnEvent | None = None) -> list[Verdict]:
+          cache: bool = True, max_host_bytes: int | None = None, on_event: OnEvent | None = None) -> Checked:
     """`memprobe check` as a call: every configuration of ``baseline`` compiled again, one
-    ``Verdict`` per strategy (``passed``; ``status`` "ok", "improved", "regressed", "over
-    budget", "host regressed", "refused" (over HBM, by the TPU compiler) or "failed").
-    ``tolerance`` like "2%" or "0.5GiB"; ``max_peak`` a size like "90GiB", or an int of bytes. Every plan
-    is checked before anything compiles."""
+    ``Verdict`` per strategy in the list returned (``passed``; ``status`` "ok", "improved",
+    "regressed", "over budget", "host regressed", "refused" (over HBM, by the TPU compiler) or
+    "failed"). The list's own ``passed`` is the gate's answer; ``report()`` prints it as the
+    command does, ``save()`` writes its JSON. ``tolerance`` like "2%" or "0.5GiB"; ``max_peak``
+    a size like "90GiB", or an int of bytes. Every plan is checked before anything compiles."""
     tol, budget = limits(tolerance, max_peak)
     base = load_baseline(Path(baseline), allow_version_drift)
     return recheck(base, Path(baseline), tol, budget,
@@ -344,6 +345,9 @@ def load(path: str | Path) -> Result | FitResult | list[FitResult] | Explained:
     if schema in (FIT_SCHEMA, FITS_SCHEMA):
         fits = fits_from_json(data, str(path))
         return fits if schema == FITS_SCHEMA else fits[0]
+    if schema == CHECK_SCHEMA:  # a verdict keeps the peaks it judged, not the figures to build a Result
+        raise BadInput(f"{path}: check's verdicts, which memprobe.load does not read back; `memprobe report "
+                       f"{path}` prints them")
     if isinstance(data, dict) and schema != SCHEMA:
         found = f"schema {schema!r}" if "schema" in data else 'no "schema" field'
         raise BadInput(f"{path}: memprobe.load cannot read this ({found}; it reads {SCHEMA!r}, {FIT_SCHEMA!r}, "
@@ -359,15 +363,24 @@ def frame(result: Result) -> pd.DataFrame:
     return csv_frame(result)
 
 
-def report(result: Result | FitResult | Sequence[FitResult] | Explained, fmt: str = "table",
+def report(result: Result | FitResult | Sequence[FitResult] | Explained | Checked, fmt: str = "table",
            file: IO[str] | None = None, *, top: int = DEFAULT_TOP) -> str | None:
     """`memprobe report` as a call: ``result`` as table, markdown, json, csv or html, written
     to ``file``, or returned as a string when no file is given. A fit (or the list of a
     sweep's fits) renders as `memprobe fit` prints it: table, markdown or json. An ``explain``
     answer renders as `memprobe explain` prints it (table, markdown or json), ``top`` buffers
-    or diff groups listed and the rest summed."""
+    or diff groups listed and the rest summed. ``check``'s verdicts render as `memprobe check`
+    prints them (table, markdown or json)."""
     from memprobe.render import ExplainFormat, FitFormat, Format, check_top, render as render_to
 
+    if isinstance(result, Checked):
+        from memprobe.render.check import write as write_verdicts  # pandas, only for verdicts
+
+        if fmt not in ("table", "markdown", "json"):
+            raise unknown("format", fmt, ("table", "markdown", "json"))
+        out = file if file is not None else io.StringIO()
+        write_verdicts(result.to_json(), fmt, out)
+        return None if file is not None else out.getvalue()
     fits = [result] if isinstance(result, FitResult) else list(result) if isinstance(result, (list, tuple)) else None
     if fits is not None and (not fits or not all(isinstance(f, FitResult) for f in fits)):
         raise BadInput("report: a list renders as the fits of one sweep; give FitResults (one result otherwise)")

@@ -8,19 +8,15 @@ import math
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from memprobe.compile import GPU_PACKAGES, versions
 from memprobe.errors import BadInput
-from memprobe.measure import GIB, Measurement, in_gib, parse_positive_size, parse_size
+from memprobe.measure import Measurement, in_gib, parse_positive_size, parse_size
 from memprobe.model_file import model_from_mapping
 from memprobe.plan import Plan, make_plan, recipe
 from memprobe.result import Result, read_json
 from memprobe.strategy import strategy_from_mapping
 from memprobe.targets import require_backend, resolve_target
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 # The versions a baseline must share with this run: they decide the compiled figures.
 COMPILER_PACKAGES = ("jax", "jaxlib", "libtpu")
@@ -102,30 +98,6 @@ def configuration(b: Measurement) -> str:
     return where
 
 
-def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
-    import pandas as pd
-
-    host = any(v.base.host_bytes or (v.now.ok and v.now.host_bytes) for v in verdicts)
-    rows = []
-    for v in verdicts:
-        b, n = v.base, v.now
-        rows.append({
-            "configuration": configuration(b),
-            "strategy": b.strategy,
-            "baseline GiB": f"{b.peak_bytes / GIB:.3f}",
-            "now GiB": f"{n.peak_bytes / GIB:.3f}" if n.answered else "-",
-            "delta GiB": f"{(n.peak_bytes - b.peak_bytes) / GIB:+.3f}" if n.answered else "-",
-            "delta %": (f"{100 * (n.peak_bytes - b.peak_bytes) / b.peak_bytes:+.2f}%"
-                        if n.answered and b.peak_bytes else "-"),
-            "now bytes": f"{n.peak_bytes:,}" if n.answered else "-",
-            # exact bytes: offloaded figures are often far below a GiB
-            **({"host baseline bytes": f"{b.host_bytes:,}",
-                "host now bytes": f"{n.host_bytes:,}" if n.ok else "-"} if host else {}),
-            "status": v.status if n.ok else n.error if n.refused else f"failed: {n.error}",
-        })
-    return pd.DataFrame(rows)
-
-
 def load_baseline(path: Path, allow_version_drift: bool = False) -> Result:
     """A baseline fit to gate against: whole, and compiled with this machine's compiler
     versions unless ``allow_version_drift``. Another kind of memprobe file (a fit, an explain
@@ -182,13 +154,40 @@ def limits(tolerance: str | Tolerance, max_peak: str | int | None) -> tuple[Tole
 
 
 def recheck(base: Result, where: Path, tolerance: Tolerance, max_peak: int | None,
-            compile_plans: Callable[[list[Plan]], list[Measurement]]) -> list[Verdict]:
+            compile_plans: Callable[[list[Plan]], list[Measurement]]) -> Checked:
     """Every configuration of the baseline compiled again by ``compile_plans`` (all of them
     planned before the first compile, and compiled in one pool, so a sweep's shapes compile
     side by side) and judged, one verdict per strategy."""
     planned = baseline_plans(base, where)
     now = iter(compile_plans([plan for _, plan in planned]))
-    return [judge(b, next(now), tolerance, max_peak) for group, _ in planned for b in group]
+    return Checked([judge(b, next(now), tolerance, max_peak) for group, _ in planned for b in group],
+                   tolerance, max_peak, where)
+
+
+class Checked(list):
+    """The gate's answer: one ``Verdict`` per strategy (a plain list of them, as it always
+    was), with the tolerance, budget and baseline they were judged by, so that it prints
+    (``memprobe.report``) and saves (``save``) as `memprobe check` prints and writes it."""
+
+    def __init__(self, verdicts: list[Verdict], tolerance: Tolerance, max_peak: int | None,
+                 baseline: Path | str) -> None:
+        super().__init__(verdicts)
+        self.tolerance, self.max_peak, self.baseline = tolerance, max_peak, baseline
+
+    @property
+    def passed(self) -> bool:
+        """Whether the gate passes: `memprobe check`'s exit 0."""
+        return all(v.passed for v in self)
+
+    def to_json(self, command: str | None = None) -> dict:
+        """What `memprobe check --format json` writes (schema ``memprobe.check``)."""
+        return verdicts_json(self, self.tolerance, self.max_peak, self.baseline, command)
+
+    def save(self, path: str | Path) -> None:
+        """Writes ``to_json()`` to ``path``: `memprobe report` prints it again."""
+        from memprobe.result import save_json
+
+        save_json(path, self.to_json(), "checked", ("table", "markdown"), chart=False)
 
 
 def summary(verdicts: list[Verdict], tolerance: Tolerance, max_peak: int | None) -> str:
@@ -229,6 +228,43 @@ def verdicts_json(verdicts: list[Verdict], tolerance: Tolerance, max_peak: int |
             "tolerance": str(tolerance), "max_peak_bytes": max_peak,
             "passed": all(v.passed for v in verdicts), "summary": summary(verdicts, tolerance, max_peak),
             "verdicts": [entry(v) for v in verdicts]}
+
+
+#: A saved verdict's fields and the types each may hold (None where the compile gave no figure).
+_VERDICT_FIELDS = {
+    **dict.fromkeys(("model", "strategy", "target", "step", "param_dtype", "status"), (str,)),
+    "optimizer": (str, type(None)), "topology": (str, type(None)), "error": (str, type(None)), "passed": (bool,),
+    **dict.fromkeys(("num_devices", "seq_len", "batch_per_device", "grad_accum", "baseline_peak_bytes",
+                     "allowed_growth_bytes", "baseline_host_bytes"), (int,)),
+    **dict.fromkeys(("now_peak_bytes", "delta_bytes", "now_host_bytes"), (int, type(None))),
+}
+STATUSES = ("ok", "improved", "regressed", "over budget", "host regressed", "refused", "failed")
+
+
+def verdicts_from_json(data: object, where: str = "verdicts") -> dict:
+    """Check's saved verdicts (what ``verdicts_json`` wrote), to render again; anything
+    malformed is refused in one line naming the field."""
+    from memprobe.result import saved_list
+
+    for i, e in enumerate(saved_list(data, where, CHECK_SCHEMA, "check verdicts", "verdicts")):
+        at = f"{where}: verdicts[{i}]"
+        if not isinstance(e, dict):
+            raise BadInput(f"{at}: expected an object")
+        for field, kinds in _VERDICT_FIELDS.items():
+            if field not in e:
+                raise BadInput(f"{at}: missing field {field!r}")
+            value = e[field]
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                want = " or ".join("null" if k is type(None) else {"str": "a string", "int": "an integer",
+                                                                    "bool": "true or false"}[k.__name__]
+                                   for k in kinds)
+                raise BadInput(f"{at}: {field}: expected {want}, got {value!r}")
+        if e["status"] not in STATUSES:
+            raise BadInput(f"{at}: status: {e['status']!r} is not one of {', '.join(STATUSES)}")
+    for field, kinds in (("summary", (str,)), ("passed", (bool,))):
+        if not isinstance(data.get(field), kinds):
+            raise BadInput(f"{where}: {field}: missing or not {'a string' if kinds == (str,) else 'true or false'}")
+    return data
 
 
 def check_versions(base: Result, where: Path) -> None:

@@ -52,10 +52,10 @@ def test_compare_returns_every_strategys_figures_and_renders_them(tmp_path):
         r.save(tmp_path / "r.PNG")
     assert not (tmp_path / "r.md").exists() and not (tmp_path / "r.PNG").exists()
     # A file of another kind is named, with the kinds load reads.
-    (tmp_path / "verdict.json").write_text('{"schema": "memprobe.check"}')
-    with pytest.raises(memprobe.BadInput, match=r"verdict\.json: memprobe\.load cannot read this \(schema "
-                                                r"'memprobe\.check'; it reads 'memprobe\.result', 'memprobe\.fit'"):
-        memprobe.load(tmp_path / "verdict.json")
+    (tmp_path / "other.json").write_text('{"schema": "memprobe.baseline"}')
+    with pytest.raises(memprobe.BadInput, match=r"other\.json: memprobe\.load cannot read this \(schema "
+                                                r"'memprobe\.baseline'; it reads 'memprobe\.result', 'memprobe\.fit'"):
+        memprobe.load(tmp_path / "other.json")
 
 
 def test_a_strategy_built_in_code_compiles_like_the_same_strategy_file(tmp_path):
@@ -173,9 +173,28 @@ def test_check_gives_a_verdict_per_strategy_against_a_saved_baseline(tmp_path):
     row = data["comparisons"][0]["rows"][1]
     row["temp_bytes"] -= row["peak_bytes"] // 10
     path.write_text(json.dumps(data))
-    assert [v.status for v in memprobe.check(path, tolerance="5%")] == ["ok", "regressed"]
+    checked = memprobe.check(path, tolerance="5%")
+    assert [v.status for v in checked] == ["ok", "regressed"] and not checked.passed
     with pytest.raises(memprobe.BadInput, match="is not a percentage like 2%"):
         memprobe.check(path, tolerance="-3%")
+    # The verdicts print and save as `memprobe check` prints and writes them (a bare list
+    # before: a script wanting the pull-request markdown had to build it).
+    md = memprobe.report(checked, "markdown")
+    assert md.startswith("### memprobe check\n") and md.rstrip().endswith("failing: checkpoint (regressed)")
+    assert f"| {checked[1].now.peak_bytes:,} " in md and "5%" in md
+    saved = tmp_path / "verdicts.json"
+    checked.save(saved)
+    data = json.loads(saved.read_text())
+    assert (data["schema"], data["passed"], data["tolerance"]) == ("memprobe.check", False, "5%")
+    assert [v["now_peak_bytes"] for v in data["verdicts"]] == [v.now.peak_bytes for v in checked]
+    assert memprobe.report(checked, "json") == saved.read_text()
+    with pytest.raises(memprobe.BadInput, match=f"{saved}: check's verdicts, which memprobe.load does not read back"):
+        memprobe.load(saved)
+    with pytest.raises(memprobe.BadInput, match="unknown format 'csv'"):
+        memprobe.report(checked, "csv")
+    with pytest.raises(memprobe.BadInput, match="save writes JSON, not the markdown its .md suffix names; "
+                                                r"memprobe.report\(checked, 'markdown', file=...\) writes markdown"):
+        checked.save(tmp_path / "verdicts.md")
 
 
 def test_fit_answers_with_a_compiled_size_that_fits_and_the_next_over():

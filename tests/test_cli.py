@@ -596,10 +596,11 @@ def test_report_saves_an_svg_chart_beside_the_result_it_writes(tmp_path):
 
 def test_a_chart_and_the_output_in_one_file_are_refused(tmp_path):
     # The html was written over the chart (or the chart over the result) without a word.
-    same, spelt_otherwise = tmp_path / "e4b.svg", tmp_path / ".." / tmp_path.name / "e4b.svg"
+    # (A name with a picture's suffix is refused for --output anyway; a chart with none is a PNG.)
+    same, spelt_otherwise = tmp_path / "e4b", tmp_path / ".." / tmp_path.name / "e4b"
     r = memprobe("report", E4B, "--format", "html", "-o", str(same), "--chart", str(spelt_otherwise), cwd=ROOT)
     assert (r.returncode, r.stdout) == (2, "") and not same.exists(), r.stderr
-    assert r.stderr.strip().endswith("e4b.svg is the --output file too; name two files"), r.stderr
+    assert r.stderr.strip().endswith("e4b is the --output file too; name two files"), r.stderr
 
 
 def test_report_does_not_write_markdown_over_the_result_it_reads(tmp_path):
@@ -673,18 +674,19 @@ def test_report_refuses_a_malformed_explain_result_in_one_line(tmp_path, spoil, 
 
 
 @pytest.mark.parametrize("content,found", [
-    ('{"schema": "memprobe.check", "schema_version": 1}', "schema 'memprobe.check'"),
+    ('{"schema": "memprobe.baseline", "schema_version": 1}', "schema 'memprobe.baseline'"),
     ('{"comparisons": []}', 'no "schema" field'),
 ])
 def test_report_names_what_it_renders_when_a_file_is_of_another_kind(tmp_path, content, found):
-    # A `check` verdict given to report was refused as "not a memprobe result (schema ...)",
-    # as if only comparisons rendered.
+    # A file of another kind was refused as "not a memprobe result (schema ...)", as if only
+    # comparisons rendered.
     path = tmp_path / "other.json"
     path.write_text(content)
     r = memprobe("report", str(path), cwd=ROOT)
     assert r.returncode == 2 and r.stdout == "", r.stderr
     assert r.stderr.strip() == (f"memprobe: error: {path}: memprobe report cannot render this ({found}; it renders "
-                                "'memprobe.result', 'memprobe.fit', 'memprobe.fits' and 'memprobe.explain')")
+                                "'memprobe.result', 'memprobe.fit', 'memprobe.fits', 'memprobe.explain' and "
+                                "'memprobe.check')")
 
 
 def test_report_refuses_a_merge_that_would_hide_or_mix_figures(tmp_path):

@@ -90,6 +90,76 @@ def test_the_verdicts_as_json_and_markdown_for_other_ci_systems(baseline, tmp_pa
     assert "2 of 2 within tolerance 2%" in md.stdout and "┃" not in md.stdout
 
 
+def _lower_checkpoint(data):
+    row = data["comparisons"][0]["rows"][1]  # checkpoint
+    row["temp_bytes"] -= row["peak_bytes"] // 10
+
+
+@pytest.fixture(scope="module")
+def saved_verdicts(baseline, tmp_path_factory):
+    """check's verdicts saved as JSON, checkpoint's a regression (its baseline lowered 10%)."""
+    where = tmp_path_factory.mktemp("verdicts")
+    edited = _edited(baseline, where, _lower_checkpoint)
+    saved = where / "verdicts.json"
+    r = memprobe("check", str(edited), "-o", str(saved))
+    assert r.returncode == 1 and json.loads(saved.read_text())["passed"] is False, r.stderr
+    return edited, saved
+
+
+def test_report_renders_saved_verdicts_as_check_printed_them(saved_verdicts):
+    # `check --format json` was an archive nothing printed again: `report` refused it, so a
+    # later CI job that wanted the markdown for a pull request had to recompile every strategy.
+    edited, saved = saved_verdicts
+    for fmt in ("table", "markdown", "json"):
+        now = memprobe("check", str(edited), "--format", fmt)
+        again = memprobe("report", str(saved), "--format", fmt)
+        assert (now.returncode, again.returncode) == (1, 0), again.stderr  # the gate's exit is check's
+        if fmt == "json":  # the same verdicts; `command` is the line that wrote each
+            assert again.stdout == saved.read_text()
+            assert {**json.loads(now.stdout), "command": None} == {**json.loads(again.stdout), "command": None}
+        else:
+            assert again.stdout == now.stdout and "regressed" in again.stdout
+    assert memprobe("report", str(saved)).stdout.startswith("### memprobe check\n")  # report's default: markdown
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d["verdicts"][0].pop("status"), "verdicts[0]: missing field 'status'"),
+    (lambda d: d["verdicts"][1].update(now_peak_bytes="12"),
+     "verdicts[1]: now_peak_bytes: expected an integer or null, got '12'"),
+    (lambda d: d["verdicts"][0].update(seq_len=True), "verdicts[0]: seq_len: expected an integer, got True"),
+    (lambda d: d["verdicts"][0].update(passed=1), "verdicts[0]: passed: expected true or false, got 1"),
+    (lambda d: d["verdicts"][0].update(status="sideways"),
+     "verdicts[0]: status: 'sideways' is not one of ok, improved, regressed, over budget, host regressed, refused, "
+     "failed"),
+    (lambda d: d["verdicts"].__setitem__(0, []), "verdicts[0]: expected an object"),
+    (lambda d: d.update(verdicts=[]), "verdicts: expected a non-empty list"),
+    (lambda d: d.update(schema_version=2), "schema_version 2 is not supported (this memprobe reads 1)"),
+    (lambda d: d.pop("summary"), "summary: missing or not a string"),
+])
+def test_malformed_saved_verdicts_are_one_line_exit_2(saved_verdicts, tmp_path, edit, message):
+    _, saved = saved_verdicts
+    data = json.loads(saved.read_text())
+    edit(data)
+    path = tmp_path / "v.json"
+    path.write_text(json.dumps(data))
+    r = memprobe("report", str(path))
+    assert (r.returncode, r.stdout, r.stderr.strip()) == (2, "", f"memprobe: error: {path}: {message}")
+
+
+def test_saved_verdicts_render_alone_in_checks_formats(saved_verdicts, baseline, tmp_path):
+    _, saved = saved_verdicts
+    for args, message in [
+        (["--format", "csv"], "check's verdicts render as table, markdown or json, not csv"),
+        (["-o", str(tmp_path / "v.html")],
+         "check's verdicts render as table, markdown or json, not html (from --output's .html suffix; give --format)"),
+        (["--chart", str(tmp_path / "v.png")], "--chart does not apply to check's verdicts"),
+        (["--top", "3"], "--top does not apply to check's verdicts"),
+        ([str(baseline)], "check's verdicts render on their own, not merged with other results"),
+    ]:
+        r = memprobe("report", str(saved), *args)
+        assert (r.returncode, r.stdout, r.stderr.strip()) == (2, "", f"memprobe: error: {saved}: {message}")
+
+
 def test_budget_and_absolute_tolerance(baseline):
     r = memprobe("check", "--baseline", str(baseline), "--max-peak", "40MiB", "--tolerance", "0.01GiB")
     # unrolled (about 60 MiB) is over the budget, checkpoint (about 35 MiB) under it.
@@ -192,6 +262,11 @@ def test_host_bytes_that_grew_fail_the_gate_though_the_peak_held(tmp_path):
     r = memprobe("check", "--baseline", str(_edited(path, tmp_path, less_host)))
     assert r.returncode == 1, r.stdout
     assert "failing: offload (host regressed)" in r.stdout and "checkpoint (" not in r.stdout
+    # Saved, the verdicts print again with their host columns.
+    saved = tmp_path / "verdicts.json"
+    edited = _edited(path, tmp_path, less_host)
+    assert memprobe("check", str(edited), "--format", "json", "-o", str(saved)).returncode == 1
+    assert memprobe("report", str(saved), "--format", "table").stdout == r.stdout
     # An absolute tolerance above the difference lets it pass.
     diff = rows["offload"]["host_temp_bytes"] // 10
     loose = memprobe("check", "--baseline", str(_edited(path, tmp_path, less_host)), "--tolerance", f"{diff + 1}B")

@@ -124,11 +124,13 @@ def test_check_compiles_a_baseline_again_with_its_accumulation(tmp_path):
     [verdict] = memprobe.check(path, cache=False)
     assert verdict.status == "ok" and verdict.now.peak_bytes == verdict.base.peak_bytes
     assert verdict.now.grad_accum == 2
-    from memprobe.gate import Tolerance, verdict_frame, verdicts_json
+    from memprobe.gate import Tolerance, verdicts_json
+    from memprobe.render.check import verdict_frame
 
-    assert verdict_frame([verdict])["configuration"][0] == \
+    data = verdicts_json([verdict], Tolerance.parse("2%"), None, path)
+    assert verdict_frame(data["verdicts"])["configuration"][0] == \
         "tiny-e2b seq 256 x 1 on cpu, train step (fp32 parameters, AdamW, gradients accumulated over 2 microbatches)"
-    [entry] = verdicts_json([verdict], Tolerance.parse("2%"), None, path)["verdicts"]
+    [entry] = data["verdicts"]
     assert entry["grad_accum"] == 2
 
 

@@ -379,11 +379,12 @@ def test_a_program_the_tpu_compiler_refused_is_a_row_over_capacity_in_every_form
     label = next(c for c in sw.peaks.columns if "24576" in c)
     assert sw.cell("unrolled", label, ".2f") == (f"{needed / 2**30:.2f} over capacity (refused)", True)
     # The gate fails a configuration the compiler now refuses, and says why rather than "failed".
-    from memprobe.gate import verdict_frame, verdicts_json
+    from memprobe.gate import verdicts_json
+    from memprobe.render.check import verdict_frame
 
     v = judge(unrolled, refused, Tolerance(relative=0.02), None)
     assert (v.status, v.passed) == ("refused", False)
-    [shown] = verdict_frame([v]).to_dict("records")
+    [shown] = verdict_frame(verdicts_json([v], Tolerance(relative=0.02), None, "b.json")["verdicts"]).to_dict("records")
     assert (shown["now bytes"], shown["delta GiB"], shown["status"]) == (f"{needed:,}", "+0.000", why)
     [entry] = verdicts_json([v], Tolerance(relative=0.02), None, "b.json")["verdicts"]
     assert (entry["status"], entry["now_peak_bytes"], entry["delta_bytes"], entry["error"]) == ("refused", needed, 0, why)

@@ -139,9 +139,11 @@ def test_check_compiles_a_baseline_again_with_its_own_update(tmp_path):
     assert verdict.now.peak_bytes == verdict.base.peak_bytes
     assert (verdict.now.optimizer, verdict.now.param_dtype) == ("sgd", "bf16")
     # The gate's table and JSON say which update the configuration was compiled with.
-    from memprobe.gate import Tolerance, verdict_frame, verdicts_json
+    from memprobe.gate import Tolerance, verdicts_json
+    from memprobe.render.check import verdict_frame
 
-    assert verdict_frame([verdict])["configuration"][0] == \
+    data = verdicts_json([verdict], Tolerance.parse("2%"), None, path)
+    assert verdict_frame(data["verdicts"])["configuration"][0] == \
         "tiny-e2b seq 256 x 1 on cpu, train step (bf16 parameters, SGD)"
-    [entry] = verdicts_json([verdict], Tolerance.parse("2%"), None, path)["verdicts"]
+    [entry] = data["verdicts"]
     assert (entry["step"], entry["optimizer"], entry["param_dtype"]) == ("train", "sgd", "bf16")

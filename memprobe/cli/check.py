@@ -10,27 +10,18 @@ malformed baseline, compiler versions that differ from the baseline's).
 from __future__ import annotations
 
 import enum
-import json
 import os
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from memprobe.cli import _options as o
 from memprobe.cli._output import check_writable, command_line, messages, output_file, output_format
 from memprobe.cli.compare import check_run_options, run_plans
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.errors import BadInput
-from memprobe.gate import limits, load_baseline, recheck, summary, verdict_frame, verdicts_json
-from memprobe.render import terminal_width
-from memprobe.render.columns import Column, fitted_table
-
-if TYPE_CHECKING:
-    import pandas as pd
+from memprobe.gate import limits, load_baseline, recheck
 
 
 class CheckFormat(str, enum.Enum):
@@ -74,17 +65,13 @@ def check(
     fmt = output_format(fmt, output, CheckFormat, CheckFormat.TABLE, charts=False)
     base = load_baseline(baseline, allow_version_drift)
     verdicts = recheck(base, baseline, tol, budget, lambda plans: run_plans(plans, timeout, jobs, no_cache, cap))
-    frame = verdict_frame(verdicts)
-    line = summary(verdicts, tol, budget)
+    data = verdicts.to_json(command_line())
+    from memprobe.render.check import markdown, write  # pandas, once the verdicts are in
+
     with output_file(output) as f:
-        if fmt is CheckFormat.JSON:
-            f.write(json.dumps(verdicts_json(verdicts, tol, budget, baseline, command_line()), indent=2) + "\n")
-        elif fmt is CheckFormat.MARKDOWN:
-            f.write(_markdown(frame, line))
-        else:
-            _print(frame, line, f)
-    _write_step_summary(frame, line)
-    return 0 if all(v.passed for v in verdicts) else 1
+        write(data, fmt.value, f)
+    _write_step_summary(markdown(data))
+    return 0 if data["passed"] else 1
 
 
 def _one_baseline(positional: Path | None, option: Path | None) -> Path:
@@ -96,39 +83,13 @@ def _one_baseline(positional: Path | None, option: Path | None) -> Path:
     return positional or option
 
 
-# Left out first on a narrow terminal; the strategy, today's peak, its change and the status stay.
-_DROP = {"delta GiB": 1, "baseline GiB": 2, "host baseline bytes": 3, "now bytes": 4, "host now bytes": 5,
-         "configuration": 6}
-
-
-def _print(frame: pd.DataFrame, summary: str, file=None) -> None:
-    columns = [Column(col, justify="left" if col in ("configuration", "strategy", "status") else "right",
-                      wrap=col in ("configuration", "status"), drop=_DROP.get(col)) for col in frame.columns]
-    cells = []
-    for row in frame.itertuples(index=False):
-        row_cells = [escape(str(c)) for c in row]
-        status = str(row[-1])
-        row_cells[-1] = row_cells[-1] if status in ("ok", "improved") else f"[bold red]{row_cells[-1]}[/]"
-        cells.append(row_cells)
-    width = terminal_width(file or sys.stdout)
-    console = Console(file=file, width=width)
-    console.print(fitted_table("memprobe check: per-device peak vs baseline (compiler estimate)", columns, cells,
-                               [], width, full=None))
-    console.print(summary, markup=False, highlight=False)
-
-
-def _markdown(frame: pd.DataFrame, summary: str) -> str:
-    return ("### memprobe check\n\n" + frame.to_markdown(index=False, disable_numparse=True)
-            + f"\n\n{summary}\n\n")
-
-
-def _write_step_summary(frame: pd.DataFrame, summary: str) -> None:
+def _write_step_summary(text: str) -> None:
     path = os.environ.get("GITHUB_STEP_SUMMARY")
     if not path:
         return
     try:
         with open(path, "a") as f:
-            f.write(_markdown(frame, summary))
+            f.write(text)
     except OSError as e:  # the verdicts are the answer, and were printed: the exit code stays theirs
         messages().print(f"memprobe: GITHUB_STEP_SUMMARY {path}: cannot write ({e.strerror}); the verdicts "
                          "are not in the job summary", markup=False)

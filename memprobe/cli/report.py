@@ -12,6 +12,7 @@ from memprobe.cli import _options as o
 from memprobe.cli._output import (STDOUT, chart_format, check_chart, check_writable, output_file, output_format,
                                   write_bytes, write_result)
 from memprobe.errors import BadInput
+from memprobe.gate import CHECK_SCHEMA, verdicts_from_json
 from memprobe.measure import parse_host_ram, with_host_ram
 from memprobe.liveness import EXPLAIN_SCHEMA
 from memprobe.render import DEFAULT_TOP, ExplainFormat, FitFormat, Format, check_top
@@ -21,9 +22,9 @@ from memprobe.search import FIT_SCHEMA, FITS_SCHEMA, FitResult, fits_from_json, 
 
 def report(
     results: Annotated[list[Path], typer.Argument(
-        help="JSON results written by --format json, `memprobe baseline`, or `memprobe fit` or "
-             "`memprobe explain` with --format json. Several comparison results render as one: "
-             "rows of the same configuration share a table; several fit results as one sweep.",
+        help="JSON results written by --format json, `memprobe baseline`, or `memprobe fit`, "
+             "`memprobe explain` or `memprobe check` with --format json. Several comparison results "
+             "render as one: rows of the same configuration share a table; several fit results as one sweep.",
         metavar="RESULT")],
     format: o.ReportFormatOpt = None,
     output: o.Output = None,
@@ -37,7 +38,7 @@ def report(
     """Re-render saved results (table, markdown, json, csv, html) without recompiling, several
     merged into one; with --host-ram, judge offload rows against a host's RAM too. A `fit`
     result renders as table, markdown or json, several of one setting at different lengths as
-    one sweep; an `explain` result renders on its own."""
+    one sweep; an `explain` result, or `check`'s verdicts, render on their own."""
     ram = parse_host_ram(host_ram, devices_per_host)
     given, format = format, output_format(format, output, Format, Format.MARKDOWN)
     # A fit or explain result has fewer formats; one it lacks, not given, came from the suffix.
@@ -58,10 +59,14 @@ def report(
                 raise BadInput(f"{path}: an explain result renders on its own, not merged with other results")
             return _explain_report(data, path, format, chosen, output, chart, ram,
                                    DEFAULT_TOP if top is None else top)
+        if isinstance(data, dict) and data.get("schema") == CHECK_SCHEMA:
+            if len(results) > 1:
+                raise BadInput(f"{path}: check's verdicts render on their own, not merged with other results")
+            return _check_report(data, path, format, chosen, output, chart, ram, top)
         if isinstance(data, dict) and data.get("schema") != SCHEMA:
             found = f"schema {data['schema']!r}" if "schema" in data else 'no "schema" field'
             raise BadInput(f"{path}: memprobe report cannot render this ({found}; it renders {SCHEMA!r}, "
-                           f"{FIT_SCHEMA!r}, {FITS_SCHEMA!r} and {EXPLAIN_SCHEMA!r})")
+                           f"{FIT_SCHEMA!r}, {FITS_SCHEMA!r}, {EXPLAIN_SCHEMA!r} and {CHECK_SCHEMA!r})")
         if top is not None:
             raise BadInput(f"{path}: --top applies to an explain result, not to a comparison")
         loaded_files.append((str(path), Result.from_json(data, str(path))))
@@ -94,6 +99,24 @@ def _fit_report(fits: list[FitResult], path: str, format: Format, chosen: str, o
     check_writable(output)
     with output_file(output) as f:
         render_fits(fits, FitFormat(format.value), f)
+    return 0
+
+
+def _check_report(data: dict, path: Path, format: Format, chosen: str, output: Path | None,
+                  chart: Path | None, ram: int | None, top: int | None) -> int:
+    """Check's saved verdicts as `memprobe check` printed them. The exit code is the
+    rendering's (0), not the gate's: the verdicts were judged when check ran."""
+    from memprobe.render import check as r  # pandas, only for verdicts
+
+    if format.value not in ("table", "markdown", "json"):  # check's own formats
+        raise BadInput(f"{path}: check's verdicts render as table, markdown or json, not {format.value}{chosen}")
+    for given, option in ((chart, "--chart"), (ram, "--host-ram"), (top, "--top")):
+        if given is not None:
+            raise BadInput(f"{path}: {option} does not apply to check's verdicts")
+    data = verdicts_from_json(data, str(path))
+    check_writable(output)
+    with output_file(output) as f:
+        r.write(data, format.value, f)
     return 0
 
 
