@@ -74,7 +74,8 @@ NoCache = Annotated[bool, typer.Option(
 
 def format_option(choices: str, default: str):
     """A --format that, left out, follows the --output file's suffix, else ``default``."""
-    return typer.Option("--format", help=f"{choices}. {FROM_SUFFIX}; else {default}.", show_default=False)
+    return typer.Option("--format", help=f"{choices}. {FROM_SUFFIX}, else {default}; given, it must agree "
+                        "with that suffix.", show_default=False)
 
 
 RESULT_FORMATS = "table (terminal), markdown (pull request), json (the result schema), csv, html (with chart)"
