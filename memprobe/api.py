@@ -17,7 +17,7 @@ from memprobe.cache import ResultCache
 from memprobe.compile import (DEFAULT_TIMEOUT_S, check_devices, check_run, compile_environment, compile_jobs,
                               default_host_cap, default_parallel, explain_isolated, map_stoppable)
 from memprobe.errors import BadInput, unknown
-from memprobe.gate import CHECK_SCHEMA, Checked, Tolerance, limits, load_baseline, recheck
+from memprobe.gate import CHECK_SCHEMA, Checked, Tolerance, judge_saved, limits, load_baseline, load_current, recheck
 from memprobe.liveness import EXPLAIN_SCHEMA, Explained, Explanation
 from memprobe.measure import Measurement
 from memprobe.plan import DEFAULT_MODEL, CompileJob, Optimizer, ParamDtype, Plan, Step, job_labels, make_plan, sweep
@@ -175,15 +175,24 @@ def compare(*, seq: int | Sequence[int] = 24576, batch: int | Sequence[int] = 8,
 
 
 def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: str | int | None = None,
-          allow_version_drift: bool = False, jobs: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-          cache: bool = True, max_host_bytes: int | None = None, on_event: OnEvent | None = None) -> Checked:
+          allow_version_drift: bool = False, current: str | Path | Result | None = None, jobs: int | None = None,
+          timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True, max_host_bytes: int | None = None,
+          on_event: OnEvent | None = None) -> Checked:
     """`memprobe check` as a call: every configuration of ``baseline`` compiled again, one
     ``Verdict`` per strategy in the list returned (``passed``; ``status`` "ok", "improved",
     "regressed", "over budget", "host regressed", "refused" (over HBM, by the TPU compiler) or
     "failed"). The list's own ``passed`` is the gate's answer; ``report()`` prints it as the
     command does, ``save()`` writes its JSON. ``tolerance`` like "2%" or "0.5GiB"; ``max_peak``
-    a size like "90GiB", or an int of bytes. Every plan is checked before anything compiles."""
+    a size like "90GiB", or an int of bytes. Every plan is checked before anything compiles.
+
+    With ``current`` (a saved result's file, or a ``Result``), nothing compiles: its rows are
+    judged as the recompile would be (`memprobe check --current`); a baseline row it lacks
+    fails, and its versions, not this machine's, must match the baseline's."""
     tol, budget = limits(tolerance, max_peak)
+    if current is not None:
+        base = load_baseline(Path(baseline), allow_version_drift=True)
+        where, now = ("current", current) if isinstance(current, Result) else (str(current), load_current(current))
+        return judge_saved(base, baseline, now, where, tol, budget, allow_version_drift)
     base = load_baseline(Path(baseline), allow_version_drift)
     return recheck(base, Path(baseline), tol, budget,
                    lambda plans: run(plans, jobs=jobs, timeout_s=timeout_s, cache=cache,

@@ -14,12 +14,9 @@ from memprobe.errors import BadInput
 from memprobe.measure import Measurement, in_gib, parse_positive_size, parse_size
 from memprobe.model_file import model_from_mapping
 from memprobe.plan import Plan, make_plan, recipe
-from memprobe.result import Result, read_json
+from memprobe.result import Result, config_key, read_json
 from memprobe.strategy import strategy_from_mapping
 from memprobe.targets import require_backend, resolve_target
-
-# The versions a baseline must share with this run: they decide the compiled figures.
-COMPILER_PACKAGES = ("jax", "jaxlib", "libtpu")
 
 _BARE_NUMBER = re.compile(r"[0-9]*\.?[0-9]+")
 
@@ -98,21 +95,33 @@ def configuration(b: Measurement) -> str:
     return where
 
 
-def load_baseline(path: Path, allow_version_drift: bool = False) -> Result:
-    """A baseline fit to gate against: whole, and compiled with this machine's compiler
-    versions unless ``allow_version_drift``. Another kind of memprobe file (a fit, an explain
+def _read_result(path: Path, role: str) -> Result:
+    """A comparison result to gate with; another kind of memprobe file (a fit, an explain
     answer, check's own verdicts) is named as such."""
     from memprobe.liveness import EXPLAIN_SCHEMA
     from memprobe.search import FIT_SCHEMA, FITS_SCHEMA
 
     data = read_json(Path(path))
     others = {FIT_SCHEMA: "a fit result", FITS_SCHEMA: "fit results", EXPLAIN_SCHEMA: "an explain result",
-              CHECK_SCHEMA: "check's verdicts"}  # what memprobe writes that is no baseline
+              CHECK_SCHEMA: "check's verdicts"}  # what memprobe writes that is no comparison
     kind = others.get(data.get("schema") if isinstance(data, dict) else None)
     if kind:
-        raise BadInput(f"{path}: {kind}, not a baseline; `memprobe baseline` writes one (as does compare's "
+        raise BadInput(f"{path}: {kind}, not {role}; `memprobe baseline` writes one (as does compare's "
                        "--format json)")
-    base = Result.from_json(data, str(path))
+    return Result.from_json(data, str(path))
+
+
+def load_current(path: Path) -> Result:
+    """A saved result to judge against a baseline instead of recompiling (`check --current`);
+    its failed rows are verdicts like any recompile's."""
+    return _read_result(path, "a result to judge")
+
+
+def load_baseline(path: Path, allow_version_drift: bool = False) -> Result:
+    """A baseline fit to gate against: whole, and compiled with this machine's compiler
+    versions unless ``allow_version_drift``. Another kind of memprobe file (a fit, an explain
+    answer, check's own verdicts) is named as such."""
+    base = _read_result(path, "a baseline")
     if not all(m.ok for m in base.measurements):
         raise BadInput(f"{path}: the baseline has failed rows; write it again with `memprobe baseline`")
     if not allow_version_drift:
@@ -164,15 +173,46 @@ def recheck(base: Result, where: Path, tolerance: Tolerance, max_peak: int | Non
                    tolerance, max_peak, where)
 
 
+def judge_saved(base: Result, where: Path | str, current: Result, current_where: str, tolerance: Tolerance,
+                max_peak: int | None, allow_version_drift: bool = False) -> Checked:
+    """The gate without compiling: each baseline row judged against the row of ``current``
+    (a saved result) of the same configuration and strategy, as if ``current`` were the
+    recompile. A baseline row ``current`` lacks fails ("not in ..."); rows only ``current``
+    has are not judged (``Checked.unjudged``). The two must share compiler versions, row by
+    row, unless ``allow_version_drift``: this machine's versions do not matter, nothing is
+    compiled here."""
+    now = {(config_key(m), m.strategy): m for m in current.measurements}
+    verdicts = []
+    for group in base.comparisons:  # the order a recheck judges in
+        for b in group:
+            n = now.pop((config_key(b), b.strategy), None)
+            if n is None:
+                n = dataclasses.replace(b, status="failed", error=f"not in {current_where}")
+            elif n.answered and not allow_version_drift:
+                for pkg in _gated_packages(b):
+                    if n.versions.get(pkg) != b.versions.get(pkg):
+                        raise BadInput(f"{current_where}: {n.strategy} ({configuration(n)}) was compiled with {pkg} "
+                                       f"{n.versions.get(pkg)}, the baseline's with {pkg} {b.versions.get(pkg)}; "
+                                       "pass --allow-version-drift to judge it anyway")
+            verdicts.append(judge(b, n, tolerance, max_peak))
+    checked = Checked(verdicts, tolerance, max_peak, where, current=current_where)
+    checked.unjudged = list(now.values())
+    return checked
+
+
 class Checked(list):
     """The gate's answer: one ``Verdict`` per strategy (a plain list of them, as it always
     was), with the tolerance, budget and baseline they were judged by, so that it prints
     (``memprobe.report``) and saves (``save``) as `memprobe check` prints and writes it."""
 
     def __init__(self, verdicts: list[Verdict], tolerance: Tolerance, max_peak: int | None,
-                 baseline: Path | str) -> None:
+                 baseline: Path | str, current: str | None = None) -> None:
         super().__init__(verdicts)
         self.tolerance, self.max_peak, self.baseline = tolerance, max_peak, baseline
+        #: The saved result judged instead of a recompile (``check --current``), else None.
+        self.current = current
+        #: Rows of ``current`` that the baseline lacks, so were not judged.
+        self.unjudged: list[Measurement] = []
 
     @property
     def passed(self) -> bool:
@@ -181,7 +221,7 @@ class Checked(list):
 
     def to_json(self, command: str | None = None) -> dict:
         """What `memprobe check --format json` writes (schema ``memprobe.check``)."""
-        return verdicts_json(self, self.tolerance, self.max_peak, self.baseline, command)
+        return verdicts_json(self, self.tolerance, self.max_peak, self.baseline, command, self.current)
 
     def save(self, path: str | Path) -> None:
         """Writes ``to_json()`` to ``path``: `memprobe report` prints it again."""
@@ -190,10 +230,11 @@ class Checked(list):
         save_json(path, self.to_json(), "checked", ("table", "markdown"), chart=False)
 
 
-def summary(verdicts: list[Verdict], tolerance: Tolerance, max_peak: int | None) -> str:
+def summary(verdicts: list[Verdict], tolerance: Tolerance, max_peak: int | None, current: str | None = None) -> str:
     failed = [v for v in verdicts if not v.passed]
     several = len({configuration(v.base) for v in verdicts}) > 1
-    return (f"memprobe check: {len(verdicts) - len(failed)} of {len(verdicts)} within tolerance {tolerance}"
+    return (f"memprobe check{f' of {current}' if current else ''}: {len(verdicts) - len(failed)} of "
+            f"{len(verdicts)} within tolerance {tolerance}"
             + (f" and under {in_gib(max_peak)[0]}" if max_peak is not None else "")
             + ("" if not failed else "; failing: " + ", ".join(failing(v, several) for v in failed)))
 
@@ -208,7 +249,7 @@ CHECK_SCHEMA = "memprobe.check"
 
 
 def verdicts_json(verdicts: list[Verdict], tolerance: Tolerance, max_peak: int | None,
-                  baseline: Path | str, command: str | None = None) -> dict:
+                  baseline: Path | str, command: str | None = None, current: str | None = None) -> dict:
     """The gate's answer for a script or an archive (`memprobe check --format json`): one
     entry per strategy with exact bytes, the status the table shows, and the exit it means."""
     def entry(v: Verdict) -> dict:
@@ -224,9 +265,9 @@ def verdicts_json(verdicts: list[Verdict], tolerance: Tolerance, max_peak: int |
                 "baseline_host_bytes": b.host_bytes, "now_host_bytes": n.host_bytes if n.ok else None,
                 "error": n.error}
 
-    return {"schema": CHECK_SCHEMA, "schema_version": 1, "baseline": str(baseline), "command": command,
-            "tolerance": str(tolerance), "max_peak_bytes": max_peak,
-            "passed": all(v.passed for v in verdicts), "summary": summary(verdicts, tolerance, max_peak),
+    return {"schema": CHECK_SCHEMA, "schema_version": 1, "baseline": str(baseline), "current": current,
+            "command": command, "tolerance": str(tolerance), "max_peak_bytes": max_peak,
+            "passed": all(v.passed for v in verdicts), "summary": summary(verdicts, tolerance, max_peak, current),
             "verdicts": [entry(v) for v in verdicts]}
 
 
@@ -267,12 +308,16 @@ def verdicts_from_json(data: object, where: str = "verdicts") -> dict:
     return data
 
 
+def _gated_packages(m: Measurement) -> tuple[str, ...]:
+    """The packages whose versions a row's figures are compared across: jax, jaxlib and the
+    row's compiler (libtpu on TPU, the CUDA plugin on GPU)."""
+    return ("jax", "jaxlib", *({"tpu": ("libtpu",), "cuda": GPU_PACKAGES}.get(m.platform, ())))
+
+
 def check_versions(base: Result, where: Path) -> None:
     for m in base.measurements:
         mine = versions(m.platform)
-        for pkg in (*COMPILER_PACKAGES, *(GPU_PACKAGES if m.platform == "cuda" else ())):
-            if pkg == "libtpu" and m.platform != "tpu":
-                continue
+        for pkg in _gated_packages(m):
             theirs = m.versions.get(pkg)
             if theirs != mine.get(pkg):
                 raise BadInput(f"{where}: baseline was compiled with {pkg} {theirs}, this is {pkg} "

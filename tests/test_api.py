@@ -192,6 +192,12 @@ def test_check_gives_a_verdict_per_strategy_against_a_saved_baseline(tmp_path):
         memprobe.load(saved)
     with pytest.raises(memprobe.BadInput, match="unknown format 'csv'"):
         memprobe.report(checked, "csv")
+    # A saved result judged instead of a recompile (nothing compiles): the real figures
+    # against the lowered baseline, as the recompile judged them.
+    judged = memprobe.check(path, current=base, tolerance="5%")
+    assert [v.status for v in judged] == ["ok", "regressed"] and judged.current == "current"
+    assert [v.now for v in judged] == base.measurements
+    assert judged.to_json()["verdicts"] == checked.to_json()["verdicts"]
     with pytest.raises(memprobe.BadInput, match="save writes JSON, not the markdown its .md suffix names; "
                                                 r"memprobe.report\(checked, 'markdown', file=...\) writes markdown"):
         checked.save(tmp_path / "verdicts.md")

@@ -160,6 +160,74 @@ def test_saved_verdicts_render_alone_in_checks_formats(saved_verdicts, baseline,
         assert (r.returncode, r.stdout, r.stderr.strip()) == (2, "", f"memprobe: error: {saved}: {message}")
 
 
+def test_current_judges_a_saved_result_without_compiling(baseline, tmp_path):
+    # The gate recompiled every strategy on the machine that gated: with the compiles made
+    # in another job (or on a bigger machine), it had to make them all again.
+    same = memprobe("check", str(baseline), "--current", str(baseline))
+    assert same.returncode == 0, same.stderr
+    assert "measuring" not in same.stderr and "compiled" not in same.stderr  # nothing compiles, nothing from cache
+    assert same.stdout.rstrip().endswith(f"memprobe check of {baseline}: 2 of 2 within tolerance 2%")
+
+    def changed(data):  # checkpoint 11% above the baseline, and one strategy the baseline lacks
+        rows = data["comparisons"][0]["rows"]
+        rows[1]["temp_bytes"] += rows[1]["peak_bytes"] // 9
+        rows.append({**rows[0], "strategy": "mine"})
+
+    current = _edited(baseline, tmp_path, changed)
+    saved = tmp_path / "verdicts.json"
+    r = memprobe("check", str(baseline), "--current", str(current), "-o", str(saved))
+    assert r.returncode == 1, r.stderr
+    assert f"memprobe: {current}: not in the baseline, so not judged: mine (tiny-e2b seq 256 x 1 on cpu)" in r.stderr
+    answer = json.loads(saved.read_text())
+    assert (answer["current"], answer["passed"]) == (str(current), False)
+    assert answer["summary"] == (f"memprobe check of {current}: 1 of 2 within tolerance 2%; failing: checkpoint "
+                                 "(regressed)")
+    rows = {row["strategy"]: row for row in json.loads(current.read_text())["comparisons"][0]["rows"]}
+    by_name = {v["strategy"]: v for v in answer["verdicts"]}
+    for name in ("unrolled", "checkpoint"):  # the saved figures, as a recompile's would be judged
+        peak = sum(rows[name][k] for k in ("argument_bytes", "output_bytes", "temp_bytes")) - rows[name]["alias_bytes"]
+        assert by_name[name]["now_peak_bytes"] == peak
+    again = memprobe("report", str(saved), "--format", "table").stdout  # printed again, saying what was judged
+    assert any(l.startswith("│") and "checkpoint" in l and "regressed" in l for l in again.splitlines())
+    assert again.rstrip().endswith(answer["summary"])
+
+
+def test_current_fails_a_strategy_it_lacks_and_keeps_the_versions_rule(baseline, tmp_path):
+    lacking = _edited(baseline, tmp_path, lambda d: d["comparisons"][0]["rows"].pop(1))
+    r = memprobe("check", str(baseline), "--current", str(lacking), "--format", "markdown")
+    assert r.returncode == 1, r.stderr
+    assert "| checkpoint | 0.034 " in r.stdout and f"| failed: not in {lacking} |" in r.stdout
+
+    def drift(data):
+        for row in data["comparisons"][0]["rows"]:
+            row["versions"]["jax"] = "0.11.0"
+
+    # The current result's versions are compared with the baseline's, not this machine's.
+    older = _edited(baseline, tmp_path, drift)
+    r = memprobe("check", str(baseline), "--current", str(older))
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    jax = json.loads(baseline.read_text())["comparisons"][0]["rows"][0]["versions"]["jax"]
+    assert r.stderr.strip() == (f"memprobe: error: {older}: unrolled (tiny-e2b seq 256 x 1 on cpu) was compiled with "
+                                f"jax 0.11.0, the baseline's with jax {jax}; pass --allow-version-drift to judge it "
+                                "anyway")
+    assert memprobe("check", str(baseline), "--current", str(older), "--allow-version-drift").returncode == 0
+    assert memprobe("check", str(older), "--current", str(older)).returncode == 0  # this machine's jax is no matter
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--no-cache"], "--no-cache applies to a recompile, and with --current nothing compiles"),
+    (["--jobs", "2"], "--jobs applies to a recompile, and with --current nothing compiles"),
+    (["--current", "reports/gemma4-e2b-seq24576-h100-8-fit.json"],
+     "reports/gemma4-e2b-seq24576-h100-8-fit.json: a fit result, not a result to judge; `memprobe baseline` writes "
+     "one (as does compare's --format json)"),
+    (["--current", "none.json"], "none.json: file not found"),
+])
+def test_current_refuses_what_it_cannot_use(baseline, args, message):
+    extra = [] if "--current" in args else ["--current", str(baseline)]
+    r = memprobe("check", str(baseline), *extra, *args, cwd=Path(__file__).resolve().parent.parent)
+    assert (r.returncode, r.stdout, r.stderr.strip()) == (2, "", f"memprobe: error: {message}")
+
+
 def test_budget_and_absolute_tolerance(baseline):
     r = memprobe("check", "--baseline", str(baseline), "--max-peak", "40MiB", "--tolerance", "0.01GiB")
     # unrolled (about 60 MiB) is over the budget, checkpoint (about 35 MiB) under it.

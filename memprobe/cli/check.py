@@ -1,7 +1,8 @@
 """`memprobe check`: the CI regression gate (the verdicts are ``memprobe.gate``'s).
 
-Recompiles every configuration in a baseline result and compares each strategy's peak,
-and its host bytes (offload), with the baseline's: exit 0 when every peak and every host
+Recompiles every configuration in a baseline result (or, with --current, takes a saved
+result's figures instead) and compares each strategy's peak, and its host bytes (offload),
+with the baseline's: exit 0 when every peak and every host
 figure is within tolerance of the baseline and the peaks are under the budget, 1 when
 any regresses, exceeds the budget or fails to compile, 2 for bad input (a missing or
 malformed baseline, compiler versions that differ from the baseline's).
@@ -21,7 +22,7 @@ from memprobe.cli._output import check_writable, command_line, messages, output_
 from memprobe.cli.compare import check_run_options, run_plans
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.errors import BadInput
-from memprobe.gate import limits, load_baseline, recheck
+from memprobe.gate import configuration, judge_saved, limits, load_baseline, load_current, recheck
 
 
 class CheckFormat(str, enum.Enum):
@@ -41,7 +42,13 @@ def check(
     max_peak: Annotated[str | None, typer.Option("--max-peak", metavar="<size>", help="A budget no peak may exceed, "
                                                  "e.g. 90GiB.")] = None,
     allow_version_drift: Annotated[bool, typer.Option(
-        "--allow-version-drift", help="Compare even when jax/jaxlib/libtpu differ from the baseline's.")] = False,
+        "--allow-version-drift", help="Judge even when jax, jaxlib or the compiler (libtpu, the CUDA plugin) "
+        "differ from the baseline's: this machine's, or with --current, that result's.")] = False,
+    current: Annotated[Path | None, typer.Option(
+        "--current", metavar="<result>",
+        help="Judge this saved result (compare --format json, or baseline) against the baseline instead of "
+             "recompiling: for figures compiled in another job or on another machine. Nothing compiles; "
+             "the two must share compiler versions.")] = None,
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
     jobs: o.Jobs = None,
     no_cache: o.NoCache = False,
@@ -52,7 +59,8 @@ def check(
     output: o.Output = None,
 ) -> int:
     """Recompile a baseline's configurations and fail when a peak (or an offload strategy's host
-    bytes) regressed, or a peak exceeds a budget.
+    bytes) regressed, or a peak exceeds a budget. With --current, judge a saved result instead
+    of recompiling.
 
     Exit 0: every peak and host figure within tolerance, every peak under --max-peak. Exit 1:
     a regression, a peak over budget or a failed compile. Exit 2: bad input. With $GITHUB_STEP_SUMMARY set, the
@@ -60,11 +68,26 @@ def check(
     """
     baseline = _one_baseline(baseline_file, baseline)
     tol, budget = limits(tolerance, max_peak)
-    cap = check_run_options(timeout, jobs, max_host_memory)
+    if current is not None:  # options of a compile, where nothing compiles, would be silently ignored
+        given = [name for name, value in (("--timeout", timeout != DEFAULT_TIMEOUT_S), ("--jobs", jobs is not None),
+                                          ("--no-cache", no_cache), ("--max-host-memory", max_host_memory is not None))
+                 if value]
+        if given:
+            raise BadInput(f"{given[0]} applies to a recompile, and with --current nothing compiles")
+    else:
+        cap = check_run_options(timeout, jobs, max_host_memory)
     check_writable(output)
     fmt = output_format(fmt, output, CheckFormat, CheckFormat.TABLE, charts=False)
-    base = load_baseline(baseline, allow_version_drift)
-    verdicts = recheck(base, baseline, tol, budget, lambda plans: run_plans(plans, timeout, jobs, no_cache, cap))
+    if current is not None:
+        # The baseline's versions are compared with the current result's, not with this machine's.
+        base, now = load_baseline(baseline, allow_version_drift=True), load_current(current)
+        verdicts = judge_saved(base, baseline, now, str(current), tol, budget, allow_version_drift)
+        if verdicts.unjudged:
+            messages().print(f"memprobe: {current}: not in the baseline, so not judged: " + ", ".join(
+                f"{m.strategy} ({configuration(m)})" for m in verdicts.unjudged), markup=False)
+    else:
+        base = load_baseline(baseline, allow_version_drift)
+        verdicts = recheck(base, baseline, tol, budget, lambda plans: run_plans(plans, timeout, jobs, no_cache, cap))
     data = verdicts.to_json(command_line())
     from memprobe.render.check import markdown, write  # pandas, once the verdicts are in
 
