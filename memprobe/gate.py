@@ -173,6 +173,12 @@ def recheck(base: Result, where: Path, tolerance: Tolerance, max_peak: int | Non
                    tolerance, max_peak, where)
 
 
+#: A row's fields that say what was compiled (the rest are the compile's figures).
+_WHAT_IS_COMPILED = ("model", "model_config", "strategy", "strategy_knobs", "target", "platform", "num_devices",
+                     "topology", "seq_len", "batch_per_device", "loss_chunks", "step", "optimizer", "param_dtype",
+                     "grad_accum", "capacity_bytes")
+
+
 def judge_saved(base: Result, where: Path | str, current: Result, current_where: str, tolerance: Tolerance,
                 max_peak: int | None, allow_version_drift: bool = False) -> Checked:
     """The gate without compiling: each baseline row judged against the row of ``current``
@@ -186,8 +192,9 @@ def judge_saved(base: Result, where: Path | str, current: Result, current_where:
     for group in base.comparisons:  # the order a recheck judges in
         for b in group:
             n = now.pop((config_key(b), b.strategy), None)
-            if n is None:
-                n = dataclasses.replace(b, status="failed", error=f"not in {current_where}")
+            if n is None:  # what was to be compiled, and none of the baseline's figures
+                n = Measurement(**{f: getattr(b, f) for f in _WHAT_IS_COMPILED}, status="failed",
+                                error=f"not in {current_where}")
             elif n.answered and not allow_version_drift:
                 for pkg in _gated_packages(b):
                     if n.versions.get(pkg) != b.versions.get(pkg):
