@@ -73,7 +73,9 @@ def table(data: dict, file: IO[str] | None = None) -> None:
     width = terminal_width(file or sys.stdout)
     console = Console(file=file, width=width)
     console.print(fitted_table(TITLE, columns, cells, [], width, full=None))
-    console.print(data["summary"], markup=False, highlight=False)
+    # One line however long (it names every failing row and the file judged): a CI log is
+    # searched by it, and it was broken at the table's width.
+    console.print(data["summary"], markup=False, highlight=False, soft_wrap=True)
 
 
 def write(data: dict, fmt: str, file: IO[str]) -> None:
