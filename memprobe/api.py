@@ -175,7 +175,8 @@ def compare(*, seq: int | Sequence[int] = 24576, batch: int | Sequence[int] = 8,
 
 
 def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: str | int | None = None,
-          allow_version_drift: bool = False, current: str | Path | Result | None = None, jobs: int | None = None,
+          allow_version_drift: bool = False, current: str | Path | Sequence[str | Path] | Result | None = None,
+          jobs: int | None = None,
           timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True, max_host_bytes: int | None = None,
           on_event: OnEvent | None = None) -> Checked:
     """`memprobe check` as a call: every configuration of ``baseline`` compiled again, one
@@ -185,13 +186,14 @@ def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: 
     command does, ``save()`` writes its JSON. ``tolerance`` like "2%" or "0.5GiB"; ``max_peak``
     a size like "90GiB", or an int of bytes. Every plan is checked before anything compiles.
 
-    With ``current`` (a saved result's file, or a ``Result``), nothing compiles: its rows are
-    judged as the recompile would be (`memprobe check --current`); a baseline row it lacks
-    fails, and its versions, not this machine's, must match the baseline's."""
+    With ``current`` (a saved result's file, a list of them merged as one, or a ``Result``),
+    nothing compiles: its rows are judged as the recompile would be (`memprobe check
+    --current`); a baseline row it lacks fails, and its versions, not this machine's, must
+    match the baseline's."""
     tol, budget = limits(tolerance, max_peak)
     if current is not None:
         base = load_baseline(Path(baseline), allow_version_drift=True)
-        where, now = ("current", current) if isinstance(current, Result) else (str(current), load_current(current))
+        where, now = ("current", current) if isinstance(current, Result) else load_current(current)
         return judge_saved(base, baseline, now, where, tol, budget, allow_version_drift)
     base = load_baseline(Path(baseline), allow_version_drift)
     return recheck(base, Path(baseline), tol, budget,

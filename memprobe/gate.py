@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from memprobe.compile import GPU_PACKAGES, versions
@@ -111,10 +111,15 @@ def _read_result(path: Path, role: str) -> Result:
     return Result.from_json(data, str(path))
 
 
-def load_current(path: Path) -> Result:
-    """A saved result to judge against a baseline instead of recompiling (`check --current`);
-    its failed rows are verdicts like any recompile's."""
-    return _read_result(path, "a result to judge")
+def load_current(paths: str | Path | Sequence[str | Path]) -> tuple[str, Result]:
+    """Saved results to judge against a baseline instead of recompiling (`check --current`),
+    named for the verdicts, and merged as `memprobe report` merges them: the strategies of one
+    configuration compiled in several jobs are one comparison (one strategy in two files, or
+    one configuration compiled by two compiler versions, is refused). Failed rows are
+    verdicts like any recompile's."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    loaded = [(str(p), _read_result(Path(p), "a result to judge")) for p in paths]
+    return ", ".join(where for where, _ in loaded), Result.merge(loaded)
 
 
 def load_baseline(path: Path, allow_version_drift: bool = False) -> Result:

@@ -216,6 +216,28 @@ def test_current_fails_a_strategy_it_lacks_and_keeps_the_versions_rule(baseline,
     assert memprobe("check", str(older), "--current", str(older)).returncode == 0  # this machine's jax is no matter
 
 
+def test_current_results_of_several_jobs_are_judged_as_one(baseline, tmp_path):
+    # A CI pipeline compiles its strategies in parallel jobs: each job's result alone lacks
+    # the others' strategies; given together they are the whole comparison.
+    data = json.loads(baseline.read_text())
+    halves = []
+    for i, row in enumerate(data["comparisons"][0]["rows"]):
+        part = json.loads(json.dumps(data))
+        part["comparisons"][0]["rows"] = [row]
+        halves.append(tmp_path / f"job{i}.json")
+        halves[-1].write_text(json.dumps(part))
+    r = memprobe("check", str(baseline), "--current", str(halves[0]), "--current", str(halves[1]), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    answer = json.loads(r.stdout)
+    assert answer["summary"] == f"memprobe check of {halves[0]}, {halves[1]}: 2 of 2 within tolerance 2%"
+    assert [v["now_peak_bytes"] for v in answer["verdicts"]] == [v["baseline_peak_bytes"] for v in answer["verdicts"]]
+    # One job's result twice would hide which figure is judged: refused as `report` refuses it.
+    twice = memprobe("check", str(baseline), "--current", str(halves[0]), "--current", str(halves[0]))
+    assert (twice.returncode, twice.stdout) == (2, ""), twice.stderr
+    assert twice.stderr.strip() == (f"memprobe: error: {halves[0]}: strategy 'unrolled' (tiny-e2b, seq 256 x "
+                                    f"per-device batch 1, cpu) is in {halves[0]} too")
+
+
 @pytest.mark.parametrize("args,message", [
     (["--no-cache"], "--no-cache applies to a recompile, and with --current nothing compiles"),
     (["--jobs", "2"], "--jobs applies to a recompile, and with --current nothing compiles"),

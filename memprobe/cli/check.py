@@ -44,11 +44,12 @@ def check(
     allow_version_drift: Annotated[bool, typer.Option(
         "--allow-version-drift", help="Judge even when jax, jaxlib or the compiler (libtpu, the CUDA plugin) "
         "differ from the baseline's: this machine's, or with --current, that result's.")] = False,
-    current: Annotated[Path | None, typer.Option(
+    current: Annotated[list[Path] | None, typer.Option(
         "--current", metavar="<result>",
         help="Judge this saved result (compare --format json, or baseline) against the baseline instead of "
-             "recompiling: for figures compiled in another job or on another machine. Nothing compiles; "
-             "the two must share compiler versions.")] = None,
+             "recompiling: for figures compiled in another job or on another machine. Repeatable: the "
+             "results of several jobs are judged as one. Nothing compiles; the files must share the "
+             "baseline's compiler versions.")] = None,
     timeout: o.Timeout = DEFAULT_TIMEOUT_S,
     jobs: o.Jobs = None,
     no_cache: o.NoCache = False,
@@ -68,6 +69,7 @@ def check(
     """
     baseline = _one_baseline(baseline_file, baseline)
     tol, budget = limits(tolerance, max_peak)
+    current = current or None  # typer gives a repeatable option left out as []
     if current is not None:  # options of a compile, where nothing compiles, would be silently ignored
         given = [name for name, value in (("--timeout", timeout != DEFAULT_TIMEOUT_S), ("--jobs", jobs is not None),
                                           ("--no-cache", no_cache), ("--max-host-memory", max_host_memory is not None))
@@ -80,10 +82,10 @@ def check(
     fmt = output_format(fmt, output, CheckFormat, CheckFormat.TABLE, charts=False)
     if current is not None:
         # The baseline's versions are compared with the current result's, not with this machine's.
-        base, now = load_baseline(baseline, allow_version_drift=True), load_current(current)
-        verdicts = judge_saved(base, baseline, now, str(current), tol, budget, allow_version_drift)
+        base, (where, now) = load_baseline(baseline, allow_version_drift=True), load_current(current)
+        verdicts = judge_saved(base, baseline, now, where, tol, budget, allow_version_drift)
         if verdicts.unjudged:
-            messages().print(f"memprobe: {current}: not in the baseline, so not judged: " + ", ".join(
+            messages().print(f"memprobe: {where}: not in the baseline, so not judged: " + ", ".join(
                 f"{m.strategy} ({configuration(m)})" for m in verdicts.unjudged), markup=False)
     else:
         base = load_baseline(baseline, allow_version_drift)
