@@ -176,9 +176,8 @@ def compare(*, seq: int | Sequence[int] = 24576, batch: int | Sequence[int] = 8,
 
 def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: str | int | None = None,
           allow_version_drift: bool = False, current: str | Path | Sequence[str | Path] | Result | None = None,
-          jobs: int | None = None,
-          timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True, max_host_bytes: int | None = None,
-          on_event: OnEvent | None = None) -> Checked:
+          jobs: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, cache: bool = True,
+          max_host_bytes: int | None = None, on_event: OnEvent | None = None) -> Checked:
     """`memprobe check` as a call: every configuration of ``baseline`` compiled again, one
     ``Verdict`` per strategy in the list returned (``passed``; ``status`` "ok", "improved",
     "regressed", "over budget", "host regressed", "refused" (over HBM, by the TPU compiler) or

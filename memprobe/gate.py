@@ -118,6 +118,8 @@ def load_current(paths: str | Path | Sequence[str | Path]) -> tuple[str, Result]
     one configuration compiled by two compiler versions, is refused). Failed rows are
     verdicts like any recompile's."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    if not paths:
+        raise BadInput("current: an empty list; give the result files to judge")
     loaded = [(str(p), _read_result(Path(p), "a result to judge")) for p in paths]
     return ", ".join(where for where, _ in loaded), Result.merge(loaded)
 

@@ -198,6 +198,8 @@ def test_check_gives_a_verdict_per_strategy_against_a_saved_baseline(tmp_path):
     assert [v.status for v in judged] == ["ok", "regressed"] and judged.current == "current"
     assert [v.now for v in judged] == base.measurements
     assert judged.to_json()["verdicts"] == checked.to_json()["verdicts"]
+    with pytest.raises(memprobe.BadInput, match="current: an empty list; give the result files to judge"):
+        memprobe.check(path, current=[])
     with pytest.raises(memprobe.BadInput, match="save writes JSON, not the markdown its .md suffix names; "
                                                 r"memprobe.report\(checked, 'markdown', file=...\) writes markdown"):
         checked.save(tmp_path / "verdicts.md")
