@@ -381,27 +381,26 @@ def report(result: Result | FitResult | Sequence[FitResult] | Explained | Checke
     answer renders as `memprobe explain` prints it (table, markdown or json), ``top`` buffers
     or diff groups listed and the rest summed. ``check``'s verdicts render as `memprobe check`
     prints them (table, markdown or json)."""
-    from memprobe.render import ExplainFormat, FitFormat, Format, check_top, render as render_to
+    from memprobe.render import CheckFormat, ExplainFormat, FitFormat, Format, check_top, render as render_to
 
-    if isinstance(result, Checked):
-        from memprobe.render.check import write as write_verdicts  # pandas, only for verdicts
-
-        if fmt not in ("table", "markdown", "json"):
-            raise unknown("format", fmt, ("table", "markdown", "json"))
-        out = file if file is not None else io.StringIO()
-        write_verdicts(result.to_json(), fmt, out)
-        return None if file is not None else out.getvalue()
-    fits = [result] if isinstance(result, FitResult) else list(result) if isinstance(result, (list, tuple)) else None
+    checked = isinstance(result, Checked)  # a list too, of verdicts
+    fits = None if checked else [result] if isinstance(result, FitResult) else \
+        list(result) if isinstance(result, (list, tuple)) else None
     if fits is not None and (not fits or not all(isinstance(f, FitResult) for f in fits)):
         raise BadInput("report: a list renders as the fits of one sweep; give FitResults (one result otherwise)")
     if fits is not None:  # fits of one sweep, as `memprobe report` merges files; the order as given
         merge_fits([(f"fits[{i}]", [f]) for i, f in enumerate(fits)])
-    formats = ExplainFormat if isinstance(result, Explained) else FitFormat if fits is not None else Format
+    formats = (CheckFormat if checked else ExplainFormat if isinstance(result, Explained)
+               else FitFormat if fits is not None else Format)
     known = tuple(f.value for f in formats)
     if fmt not in known:
         raise unknown("format", fmt, known)
     out = file if file is not None else io.StringIO()
-    if isinstance(result, Explained):
+    if checked:
+        from memprobe.render.check import write as write_verdicts  # pandas, only for verdicts
+
+        write_verdicts(result.to_json(), fmt, out)
+    elif isinstance(result, Explained):
         from memprobe.render.explain import write  # pandas, only for an explain answer
 
         check_top(top)

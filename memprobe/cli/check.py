@@ -10,7 +10,6 @@ malformed baseline, compiler versions that differ from the baseline's).
 
 from __future__ import annotations
 
-import enum
 import os
 from pathlib import Path
 from typing import Annotated
@@ -23,12 +22,7 @@ from memprobe.cli.compare import check_run_options, run_plans
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.errors import BadInput
 from memprobe.gate import configuration, judge_saved, limits, load_baseline, load_current, recheck
-
-
-class CheckFormat(str, enum.Enum):
-    TABLE = "table"
-    MARKDOWN = "markdown"
-    JSON = "json"
+from memprobe.render import CheckFormat
 
 
 def check(

@@ -15,7 +15,7 @@ from memprobe.errors import BadInput
 from memprobe.gate import CHECK_SCHEMA, verdicts_from_json
 from memprobe.measure import parse_host_ram, with_host_ram
 from memprobe.liveness import EXPLAIN_SCHEMA
-from memprobe.render import DEFAULT_TOP, ExplainFormat, FitFormat, Format, check_top
+from memprobe.render import DEFAULT_TOP, CheckFormat, ExplainFormat, FitFormat, Format, check_top
 from memprobe.result import SCHEMA, Result, read_json
 from memprobe.search import FIT_SCHEMA, FITS_SCHEMA, FitResult, fits_from_json, merge_fits
 
@@ -108,7 +108,7 @@ def _check_report(data: dict, path: Path, format: Format, chosen: str, output: P
     rendering's (0), not the gate's: the verdicts were judged when check ran."""
     from memprobe.render import check as r  # pandas, only for verdicts
 
-    if format.value not in ("table", "markdown", "json"):  # check's own formats
+    if format.value not in {f.value for f in CheckFormat}:
         raise BadInput(f"{path}: check's verdicts render as table, markdown or json, not {format.value}{chosen}")
     for given, option in ((chart, "--chart"), (ram, "--host-ram"), (top, "--top")):
         if given is not None:

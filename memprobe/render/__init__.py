@@ -47,6 +47,14 @@ class FitFormat(str, enum.Enum):
     JSON = "json"
 
 
+class CheckFormat(str, enum.Enum):
+    """`memprobe check`'s formats, and its saved verdicts' in `report` (see ``render.check``)."""
+
+    TABLE = "table"
+    MARKDOWN = "markdown"
+    JSON = "json"
+
+
 class ListFormat(str, enum.Enum):
     """`memprobe targets` and `memprobe strategies`: a table to read, JSON for scripts."""
 
