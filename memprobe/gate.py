@@ -294,6 +294,8 @@ _VERDICT_FIELDS = {
     **dict.fromkeys(("now_peak_bytes", "delta_bytes", "now_host_bytes"), (int, type(None))),
 }
 STATUSES = ("ok", "improved", "regressed", "over budget", "host regressed", "refused", "failed")
+#: How a refusal names each JSON type a field may hold.
+_TYPE_WORDS = {str: "a string", int: "an integer", bool: "true or false", type(None): "null"}
 
 
 def verdicts_from_json(data: object, where: str = "verdicts") -> dict:
@@ -310,15 +312,13 @@ def verdicts_from_json(data: object, where: str = "verdicts") -> dict:
                 raise BadInput(f"{at}: missing field {field!r}")
             value = e[field]
             if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-                want = " or ".join("null" if k is type(None) else {"str": "a string", "int": "an integer",
-                                                                    "bool": "true or false"}[k.__name__]
-                                   for k in kinds)
+                want = " or ".join(_TYPE_WORDS[k] for k in kinds)
                 raise BadInput(f"{at}: {field}: expected {want}, got {value!r}")
         if e["status"] not in STATUSES:
             raise BadInput(f"{at}: status: {e['status']!r} is not one of {', '.join(STATUSES)}")
-    for field, kinds in (("summary", (str,)), ("passed", (bool,))):
-        if not isinstance(data.get(field), kinds):
-            raise BadInput(f"{where}: {field}: missing or not {'a string' if kinds == (str,) else 'true or false'}")
+    for field, kind in (("summary", str), ("passed", bool)):
+        if not isinstance(data.get(field), kind):
+            raise BadInput(f"{where}: {field}: missing or not {_TYPE_WORDS[kind]}")
     return data
 
 

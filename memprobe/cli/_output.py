@@ -55,7 +55,7 @@ def output_format(fmt: enum.Enum | None, output: Path | None, formats: type[enum
     name = suffix_format(output)
     if fmt is not None and name not in (None, "picture", fmt.value):
         # `--format json -o r.md` wrote JSON into r.md: one of the two is a slip
-        ext = {"markdown": ".md"}.get(fmt.value, f".{fmt.value}" if fmt.value in SUFFIX_FORMATS.values() else ".txt")
+        ext = next((s for s, f in SUFFIX_FORMATS.items() if f == fmt.value), ".txt")  # .md, not .markdown
         undo = f", or drop --format to write {name}" if name in {f.value for f in formats} else ""
         raise BadInput(f"--output {output}: its {output.suffix} suffix names {name}, but --format {fmt.value} was "
                        f"given; name the file {output.with_suffix(ext).name}{undo}")
