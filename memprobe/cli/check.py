@@ -85,11 +85,11 @@ def check(
         base = load_baseline(baseline, allow_version_drift)
         verdicts = recheck(base, baseline, tol, budget, lambda plans: run_plans(plans, timeout, jobs, no_cache, cap))
     data = verdicts.to_json(command_line())
-    from memprobe.render.check import markdown, write  # pandas, once the verdicts are in
+    from memprobe.render.check import write  # pandas, once the verdicts are in
 
     with output_file(output) as f:
         write(data, fmt.value, f)
-    _write_step_summary(markdown(data))
+    _write_step_summary(data)
     return 0 if data["passed"] else 1
 
 
@@ -102,13 +102,16 @@ def _one_baseline(positional: Path | None, option: Path | None) -> Path:
     return positional or option
 
 
-def _write_step_summary(text: str) -> None:
+def _write_step_summary(data: dict) -> None:
+    """The verdicts' markdown appended to a GitHub Actions job summary, where there is one."""
     path = os.environ.get("GITHUB_STEP_SUMMARY")
     if not path:
         return
+    from memprobe.render.check import markdown
+
     try:
         with open(path, "a") as f:
-            f.write(text)
+            f.write(markdown(data))
     except OSError as e:  # the verdicts are the answer, and were printed: the exit code stays theirs
         messages().print(f"memprobe: GITHUB_STEP_SUMMARY {path}: cannot write ({e.strerror}); the verdicts "
                          "are not in the job summary", markup=False)
