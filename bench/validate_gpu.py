@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 GIB = 1024**3
@@ -110,17 +111,33 @@ def measure_on_device(model: str, strategy: str, seq: int, batch: int) -> dict:
     jax.block_until_ready(args)
     before = device.memory_stats() or {}
     t0 = time.perf_counter()
-    out = compiled(*args)
-    jax.block_until_ready(out)
+    oom = None
+    try:
+        jax.block_until_ready(compiled(*args))
+    except Exception as e:  # noqa: BLE001 - only running out of memory is a measurement
+        oom = out_of_memory(e)
+        if oom is None:
+            raise
     step_s = time.perf_counter() - t0
     stats = device.memory_stats() or {}
     return {"strategy": strategy, "device": str(device.device_kind), "on_device_estimate": estimate,
             "load_s": round(seconds, 1), "step_s": round(step_s, 3),  # compile, from phase 1's cache
+            # The device refused the step: the measurement is "does not fit" (and the peak
+            # the allocator reached before it gave up).
+            "out_of_memory": oom,
             "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
             # The random fill's own peak; when it is the higher, the step did not set the peak.
             "peak_before_step": before.get("peak_bytes_in_use"),
             "in_use_before_step": before.get("bytes_in_use"), "bytes_limit": stats.get("bytes_limit"),
             "versions": _versions()}
+
+
+def out_of_memory(error: BaseException) -> str | None:
+    """The first line of an allocator's refusal, or None for any other error."""
+    text = str(error).strip()
+    if "RESOURCE_EXHAUSTED" not in text and "Out of memory" not in text:
+        return None
+    return text.splitlines()[0][:300] if text else None
 
 
 def _versions() -> dict[str, str]:
@@ -129,7 +146,31 @@ def _versions() -> dict[str, str]:
     return package_versions(("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax"))
 
 
-def deviceless_estimates(args) -> tuple[dict[str, int | None], str]:
+@dataclass
+class Estimates:
+    """memprobe's deviceless figures for the table: per strategy, the peak (None where its
+    compile failed), and the target's HBM that the verdict "fits" is judged against."""
+
+    peaks: dict[str, int | None]
+    target: str
+    capacity: int | None
+    source: str
+
+    def verdict(self, strategy: str) -> str:
+        peak = self.peaks.get(strategy)
+        if peak is None or self.capacity is None:
+            return "-"
+        return "fits" if peak <= self.capacity else "does not fit"
+
+    def other_chip(self, device_kind: str | None) -> bool:
+        """True where the device is not the chip the estimates were made for (e.g. an H100
+        measured against H200 estimates): the ratios then compare two chips' programs."""
+        if not device_kind or self.capacity is None:  # the CPU backend, or no device row yet
+            return False
+        return self.target.lower() not in device_kind.lower().replace(" ", "")
+
+
+def deviceless_estimates(args) -> Estimates:
     """Per strategy, memprobe's deviceless peak: read from --estimates, else compiled here."""
     if args.estimates:
         from memprobe.errors import BadInput
@@ -156,7 +197,8 @@ def deviceless_estimates(args) -> tuple[dict[str, int | None], str]:
                          target=resolve_target(args.target, 1), seq_len=args.seq, batch_per_device=args.batch)
         group = compile_jobs(plan.jobs(), parallel=args.jobs)
         source = f"memprobe's {args.target} compile, run here"
-    return {m.strategy: (m.peak_bytes if m.ok else None) for m in group}, source
+    return Estimates(peaks={m.strategy: (m.peak_bytes if m.ok else None) for m in group},
+                     target=group[0].target, capacity=group[0].capacity_bytes, source=source)
 
 
 def _child(mode: str, strategy: str, args, env: dict[str, str], timeout: float) -> dict:
@@ -180,30 +222,59 @@ def _ratio(a: int | None, b: int | None) -> str:
     return f"{a / b:.3f}" if a and b else "-"
 
 
-def table(rows: list[dict], args, source: str, started: float) -> str:
+def _outcome(r: dict, estimates: Estimates) -> tuple[str, str, bool | None]:
+    """The measured cell, the note, and whether the device bore out the deviceless verdict
+    (None where nothing was measured or there is no verdict to check)."""
+    measured, verdict = r.get("peak_bytes_in_use"), estimates.verdict(r["strategy"])
+    limit = r.get("bytes_limit")
+    if r.get("error"):
+        return _gib(None), f"failed: {r['error']}", None
+    timings = f"compile {r.get('compile_s')} s, from cache {r.get('load_s')} s, step {r['step_s']} s"
+    if r.get("out_of_memory"):
+        cell = f"out of memory (allocator limit {_gib(limit)})"
+        note = f"{r['device']}; the device refused the step: {r['out_of_memory']}; {timings}"
+        return cell, note, None if verdict == "-" else verdict == "does not fit"
+    if measured is None:
+        return _gib(None), f"n/a ({r.get('device', '?')} has no memory_stats)", None
+    note = f"{r['device']}; {timings}"
+    if r.get("peak_before_step") and r["peak_before_step"] >= measured:
+        note += "; peak set before the step (random fill)"
+    if r.get("phase1_error"):
+        note += "; compiled alone after phase 1 failed (rows.jsonl has why)"
+    return _gib(measured), note, None if verdict == "-" else verdict == "fits"
+
+
+def table(rows: list[dict], args, estimates: Estimates, started: float) -> str:
     lines = [f"{args.model} train step, seq {args.seq} x batch {args.batch}, one device. Deviceless "
-             f"estimates: {source}. All figures per device; estimates are the compilers', "
-             "measured is the device allocator's peak after one step.", "",
-             "| strategy | deviceless estimate | on-device compile estimate | measured peak_bytes_in_use "
-             "| measured / deviceless | measured / on-device | note |",
-             "|:--|--:|--:|--:|--:|--:|:--|"]
+             f"estimates: {estimates.source}. All figures per device; estimates are the compilers', "
+             "measured is the device allocator's peak after one step. "
+             + (f"The deviceless verdict is the estimate against {estimates.target}'s HBM "
+                f"({_gib(estimates.capacity)}); the device bears it out when a step said to fit runs "
+                "and one said not to fit runs out of memory." if estimates.capacity else
+                f"{estimates.target} has no HBM capacity, so there is no verdict to check."), ""]
+    devices = sorted({r["device"] for r in rows if r.get("device")})
+    if any(estimates.other_chip(d) for d in devices):
+        lines += [f"**The device ({', '.join(devices)}) is not the chip the estimates are for "
+                  f"({estimates.target})**: the ratios compare two chips' programs.", ""]
+    lines += ["| strategy | deviceless estimate | deviceless verdict | on-device compile estimate "
+              "| measured peak_bytes_in_use | measured / deviceless | measured / on-device | note |",
+              "|:--|--:|:--|--:|--:|--:|--:|:--|"]
+    held = []
     for r in rows:
-        measured = r.get("peak_bytes_in_use")
-        if r.get("error"):
-            note = f"failed: {r['error']}"
-        elif measured is None:
-            note = f"n/a ({r.get('device', '?')} has no memory_stats)"
-        else:
-            note = f"{r['device']}; compile {r.get('compile_s')} s, from cache {r.get('load_s')} s, step {r['step_s']} s"
-            if r.get("peak_before_step") and r["peak_before_step"] >= measured:
-                note += "; peak set before the step (random fill)"
-            if r.get("phase1_error"):
-                note += "; compiled alone after phase 1 failed (rows.jsonl has why)"
-        lines.append(f"| {r['strategy']} | {_gib(r.get('deviceless'))} | {_gib(r.get('on_device_estimate'))} "
-                     f"| {_gib(measured)} | {_ratio(measured, r.get('deviceless'))} "
+        cell, note, agrees = _outcome(r, estimates)
+        measured = None if r.get("out_of_memory") else r.get("peak_bytes_in_use")
+        verdict = estimates.verdict(r["strategy"])
+        if agrees is not None:
+            held.append(agrees)
+            verdict += "" if agrees else " (**not borne out**)"
+        lines.append(f"| {r['strategy']} | {_gib(r.get('deviceless'))} | {verdict} "
+                     f"| {_gib(r.get('on_device_estimate'))} | {cell} | {_ratio(measured, r.get('deviceless'))} "
                      f"| {_ratio(measured, r.get('on_device_estimate'))} | {note} |")
     versions = next((r["versions"] for r in rows if r.get("versions")), {})
-    lines += ["", f"On-device stack: {', '.join(f'{k} {v}' for k, v in versions.items()) or 'n/a'}.",
+    lines += [""]
+    if held:
+        lines += [f"The device bore out the deviceless verdict for {sum(held)} of {len(held)} strategies measured.", ""]
+    lines += [f"On-device stack: {', '.join(f'{k} {v}' for k, v in versions.items()) or 'n/a'}.",
               f"Wall time: {time.monotonic() - started:.0f} s.",
               f"Command: `{' '.join(['python', 'bench/validate_gpu.py', *sys.argv[1:]])}`", ""]
     return "\n".join(lines)
@@ -235,8 +306,8 @@ def main() -> None:
     args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-    estimates, source = deviceless_estimates(args)
-    print(f"validate_gpu: deviceless estimates ({source}) after {time.monotonic() - started:.0f} s", flush=True)
+    estimates = deviceless_estimates(args)
+    print(f"validate_gpu: deviceless estimates ({estimates.source}) after {time.monotonic() - started:.0f} s", flush=True)
 
     cache = tempfile.mkdtemp(prefix="validate-gpu-jax-cache-")  # fresh: phase 1 must really compile
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": os.pathsep.join(
@@ -264,7 +335,9 @@ def main() -> None:
         else:
             # Run even when phase 1 failed: alone on the device (phase 1 ran several compiles
             # at once) it may well compile, and then it measures its own estimate.
-            r = _child("--one", s, args, env, left())
+            # Alone on the device now: let the allocator have nearly all of it, so that a step
+            # the estimate says fits is not refused for want of the 5% phase 1 held back.
+            r = _child("--one", s, args, {**env, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.97"}, left())
             # Phase 1's figure first: an executable loaded from the persistent cache may come
             # without its memory statistics; phase 2's own reading is kept beside it.
             r["loaded_estimate"] = r.get("on_device_estimate")
@@ -272,15 +345,15 @@ def main() -> None:
             r["compile_s"] = first[s].get("compile_s")
             if first[s].get("error"):
                 r["phase1_error"] = first[s]["error"]
-        r["deviceless"] = estimates.get(s)
+        r["deviceless"] = estimates.peaks.get(s)
         rows.append(r)
         print(f"validate_gpu: {s}: measured {_gib(r.get('peak_bytes_in_use'))} "
-              f"{r.get('error', '')} ({time.monotonic() - started:.0f} s)", flush=True)
+              f"{r.get('out_of_memory') or r.get('error') or ''} ({time.monotonic() - started:.0f} s)", flush=True)
         if args.out:
             with open(args.out / "rows.jsonl", "a") as f:
                 f.write(json.dumps(r) + "\n")
-            (args.out / "table.md").write_text(table(rows, args, source, started))
-    print("\n" + table(rows, args, source, started))
+            (args.out / "table.md").write_text(table(rows, args, estimates, started))
+    print("\n" + table(rows, args, estimates, started))
 
 
 if __name__ == "__main__":

@@ -46,12 +46,62 @@ def test_estimates_for_another_configuration_are_refused():
 def test_the_device_run_covers_every_built_in_strategy():
     # A lent GPU runs the script with its default list: a strategy left out of it would
     # never be measured.
-    import importlib.util
-
     from memprobe.strategy import load_catalogue
+
+    listed = _script().ALL.split(",")
+    assert sorted(listed) == sorted(load_catalogue()) and len(set(listed)) == len(listed)
+
+
+def _script():
+    import importlib.util
 
     spec = importlib.util.spec_from_file_location("validate_gpu", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["validate_gpu"] = module  # its dataclass looks its module up there
     spec.loader.exec_module(module)
-    listed = module.ALL.split(",")
-    assert sorted(listed) == sorted(load_catalogue()) and len(set(listed)) == len(listed)
+    return module
+
+
+def test_running_out_of_device_memory_is_told_from_other_failures():
+    # A real allocator refusal (the CPU backend's, for an array of 16 TiB) is a measurement
+    # ("does not fit"); any other error is not, and the child process fails on it.
+    import jax
+    import jax.numpy as jnp
+
+    module = _script()
+    try:
+        jax.block_until_ready(jax.jit(lambda: jnp.ones((2**42,), jnp.float32))())
+    except Exception as e:  # noqa: BLE001
+        refusal = e
+    assert module.out_of_memory(refusal).startswith("RESOURCE_EXHAUSTED: Out of memory")
+    assert module.out_of_memory(ValueError("shapes do not match")) is None
+
+
+def test_the_table_checks_each_deviceless_verdict_against_the_device(tmp_path):
+    # The committed one-H100 estimates, and what an H100 reports for two steps: one the
+    # estimate says fits ran, one it says does not fit was refused by the allocator.
+    module = _script()
+    args = module.argparse.Namespace(model="gemma4-e2b", seq=8192, batch=1, target="h100", jobs=1, strategies=[],
+                                     estimates=str(ROOT / "reports" / "gemma4-e2b-seq8192-b1-h100-1.json"))
+    estimates = module.deviceless_estimates(args)
+    assert estimates.target == "h100" and estimates.capacity == 84_942_979_072
+    fits = min(estimates.peaks, key=lambda s: estimates.peaks[s])
+    over = max(estimates.peaks, key=lambda s: estimates.peaks[s])
+    assert estimates.verdict(fits) == "fits" and estimates.verdict(over) == "does not fit"
+    device = "NVIDIA H100 80GB HBM3"
+    measured = estimates.peaks[fits] + 2**30
+    rows = [{"strategy": fits, "device": device, "deviceless": estimates.peaks[fits], "on_device_estimate": measured,
+             "peak_bytes_in_use": measured, "step_s": 1.5, "bytes_limit": 82_000_000_000},
+            {"strategy": over, "device": device, "deviceless": estimates.peaks[over], "step_s": 0.2,
+             "out_of_memory": "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1073741824 bytes.",
+             "peak_bytes_in_use": 60_000_000_000, "bytes_limit": 82_000_000_000}]
+    text = module.table(rows, args, estimates, started=0)
+    assert "bore out the deviceless verdict for 2 of 2 strategies" in text
+    assert "out of memory (allocator limit 76.37 GiB (82,000,000,000 B))" in text
+    assert f"{measured / estimates.peaks[fits]:.3f}" in text and "not the chip" not in text
+    # The same rows against the H200's estimates: every step fits there, so the refused
+    # one is a verdict not borne out, and the table says the chips differ.
+    args.estimates = str(ROOT / "reports" / "gemma4-e2b-seq8192-b1-h200-1.json")
+    text = module.table(rows, args, module.deviceless_estimates(args), started=0)
+    assert "for 1 of 2 strategies" in text and "fits (**not borne out**)" in text
+    assert "is not the chip the estimates are for (h200)" in text
