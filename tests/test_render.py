@@ -388,3 +388,23 @@ def test_a_program_the_tpu_compiler_refused_is_a_row_over_capacity_in_every_form
     assert (shown["now bytes"], shown["delta GiB"], shown["status"]) == (f"{needed:,}", "+0.000", why)
     [entry] = verdicts_json([v], Tolerance(relative=0.02), None, "b.json")["verdicts"]
     assert (entry["status"], entry["now_peak_bytes"], entry["delta_bytes"], entry["error"]) == ("refused", needed, 0, why)
+
+
+def test_gpu_reports_say_what_jax_lets_a_step_use_and_tpu_reports_do_not():
+    # A GPU's "fits" is against the whole device; JAX's allocator gets 75% of it unless told
+    # otherwise. Every GPU footer says so (compare and fit), no TPU or CPU footer does, and a
+    # GPU fit's budget is not called one "the compiler enforces".
+    from memprobe.render.fit import footnotes as fit_footnotes
+    from memprobe.render.frame import GPU_ALLOCATOR_NOTE, footnotes
+    from memprobe.search import FitResult
+
+    [h100] = Result.load(REPORTS / "gemma4-e2b-seq8192-b1-h100-1.json").comparisons
+    [tpu] = Result.load(REPORTS / "gemma4-e2b-seq8192-b1-tpu7x-8.json").comparisons
+    [cpu] = Result.from_json(json.loads(result_json())).comparisons
+    assert GPU_ALLOCATOR_NOTE in footnotes(h100) and "XLA_PYTHON_CLIENT_MEM_FRACTION" in GPU_ALLOCATOR_NOTE
+    assert GPU_ALLOCATOR_NOTE not in footnotes(tpu) and GPU_ALLOCATOR_NOTE not in footnotes(cpu)
+    gpu_fit, tpu_fit = (FitResult.from_json(json.loads((REPORTS / f"gemma4-e2b-seq24576-{t}-8-fit.json").read_text()))
+                        for t in ("h100", "tpu7x"))
+    assert GPU_ALLOCATOR_NOTE in fit_footnotes(gpu_fit) and GPU_ALLOCATOR_NOTE not in fit_footnotes(tpu_fit)
+    assert "the GPU compiler does not enforce it" in " ".join(fit_footnotes(gpu_fit))
+    assert "the target's HBM as the compiler enforces it" in " ".join(fit_footnotes(tpu_fit))

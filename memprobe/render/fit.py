@@ -10,8 +10,8 @@ from typing import IO
 from memprobe.measure import GIB, in_gib
 from memprobe.render import FitFormat
 from memprobe.render.columns import Column, fitted_table
-from memprobe.render.frame import (CPU_NOTE, PEAK_FORMULA, devices, fmt, model_note, per_microbatch, step_name,
-                                   versions_line, where)
+from memprobe.render.frame import (CPU_NOTE, GPU_ALLOCATOR_NOTE, PEAK_FORMULA, devices, fmt, model_note,
+                                   per_microbatch, step_name, versions_line, where)
 from memprobe.search import FitResult, StrategySearch, fits_to_json
 
 
@@ -98,9 +98,11 @@ def title(fit: FitResult) -> str:
 
 def footnotes(fit: FitResult) -> list[str]:
     m = fit.measurements[0]
+    gpu = m.platform == "cuda"
+    hbm = ("the target config's device_memory_size (the GPU compiler does not enforce it)." if gpu
+           else "the target's HBM as the compiler enforces it.")
     budget = (f"Budget: {fit.budget / GIB:.2f} GiB ({fit.budget:,} bytes) per device, "
-              + ("the target's HBM as the compiler enforces it." if fit.budget_source == "HBM"
-                 else "from --budget."))
+              + (hbm if fit.budget_source == "HBM" else "from --budget."))
     accum = f" x {m.grad_accum} microbatches" if m.grad_accum > 1 else ""
     if fit.axis == "batch":
         search = ("Every batch shown was compiled: the largest batch fits and the next batch is over (a row at "
@@ -122,6 +124,8 @@ def footnotes(fit: FitResult) -> list[str]:
                    f"{devices(fit.devices_per_host)}: a {thing} fits only if its host bytes (what offload puts in "
                    f"host memory, per device; host GiB) x {fit.devices_per_host} <= the host RAM, i.e. at most "
                    f"{fit.host_budget:,} bytes per device. {nxt} over names the limit the {nxt} broke.")
+    if gpu:
+        out.append(GPU_ALLOCATOR_NOTE)
     out += model_note(m)
     if not m.stands_for_accelerator:
         out.append(CPU_NOTE)

@@ -76,6 +76,14 @@ def title(m: Measurement) -> str:
             f"on {where(m)}")
 
 
+# What "fits" asks of the run on a real GPU: JAX's allocator is not given the whole device
+# unless told to (its documented default preallocates 75% of the device's memory).
+GPU_ALLOCATOR_NOTE = ("On the GPU, JAX's allocator gets 75% of the device's memory by default (in older JAX "
+                      "also the most it will use), so a step above about 75% of HBM may need "
+                      "XLA_PYTHON_CLIENT_MEM_FRACTION (XLA_CLIENT_MEM_FRACTION in newer JAX) set near 1, "
+                      "e.g. 0.95, to run.")
+
+
 def footnotes(group: list[Measurement], command: str | None = None) -> list[str]:
     """What the figures are, the versions and the exact command: the footer of every format."""
     m0 = group[0]
@@ -89,6 +97,7 @@ def footnotes(group: list[Measurement], command: str | None = None) -> list[str]
     if m0.capacity_bytes and m0.platform == "cuda":
         out.append(f"HBM per device: {m0.capacity_bytes / GIB:.2f} GiB ({m0.capacity_bytes:,} bytes), the "
                    "target config's device_memory_size; the GPU compiler does not refuse larger programs.")
+        out.append(GPU_ALLOCATOR_NOTE)
         out.append("Attention: memprobe's plain-JAX blockwise attention (no cuDNN or Pallas kernel).")
     elif m0.capacity_bytes:
         # The TPU compiler states its limit in GiB to two decimals; the bytes are that figure's.
