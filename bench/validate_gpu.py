@@ -132,6 +132,16 @@ def measure_on_device(model: str, strategy: str, seq: int, batch: int) -> dict:
             "versions": _versions()}
 
 
+def default_limit() -> dict:
+    """Child process, before phase 1: the allocator limit JAX sets on this device when no
+    memory-fraction variable is given, which is what a user's own run gets."""
+    import jax
+
+    device = jax.devices()[0]
+    stats = device.memory_stats() or {}
+    return {"device": str(device.device_kind), "bytes_limit": stats.get("bytes_limit")}
+
+
 def out_of_memory(error: BaseException) -> str | None:
     """The first line of an allocator's refusal, or None for any other error."""
     text = str(error).strip()
@@ -201,9 +211,9 @@ def deviceless_estimates(args) -> Estimates:
                      target=group[0].target, capacity=group[0].capacity_bytes, source=source)
 
 
-def _child(mode: str, strategy: str, args, env: dict[str, str], timeout: float) -> dict:
-    cmd = [sys.executable, __file__, mode, strategy, "--model", args.model, "--seq", str(args.seq),
-           "--batch", str(args.batch)]
+def _child(mode: str, strategy: str | None, args, env: dict[str, str], timeout: float) -> dict:
+    cmd = [sys.executable, __file__, mode, *([strategy] if strategy else []), "--model", args.model,
+           "--seq", str(args.seq), "--batch", str(args.batch)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=max(timeout, 1), check=False)
     except subprocess.TimeoutExpired:
@@ -274,6 +284,11 @@ def table(rows: list[dict], args, estimates: Estimates, started: float) -> str:
     lines += [""]
     if held:
         lines += [f"The device bore out the deviceless verdict for {sum(held)} of {len(held)} strategies measured.", ""]
+    limit = getattr(args, "jax_default_limit", None)
+    if limit:
+        share = f", {limit / estimates.capacity:.0%} of the deviceless capacity" if estimates.capacity else ""
+        lines += [f"JAX's default allocator limit on this device (no memory-fraction variable set): {_gib(limit)}"
+                  f"{share}. The steps above ran with XLA_PYTHON_CLIENT_MEM_FRACTION=0.97.", ""]
     lines += [f"On-device stack: {', '.join(f'{k} {v}' for k, v in versions.items()) or 'n/a'}.",
               f"Wall time: {time.monotonic() - started:.0f} s.",
               f"Command: `{' '.join(['python', 'bench/validate_gpu.py', *sys.argv[1:]])}`", ""]
@@ -292,9 +307,13 @@ def main() -> None:
     p.add_argument("--out", type=Path, help="folder for rows.jsonl and table.md, written as rows finish")
     p.add_argument("--budget", type=float, default=86400, help="seconds after which work still running is stopped (its row says so) and none starts")
     p.add_argument("--jobs", type=int, default=4, help="phase 1 compiles at once")
+    p.add_argument("--default-limit", action="store_true", help=argparse.SUPPRESS)  # child, before phase 1
     p.add_argument("--compile-one", help=argparse.SUPPRESS)  # child process, phase 1
     p.add_argument("--one", help=argparse.SUPPRESS)  # child process, phase 2
     args = p.parse_args()
+    if args.default_limit:
+        print(json.dumps(default_limit()))
+        return
     if args.compile_one:
         print(json.dumps(compile_on_device(args.model, args.compile_one, args.seq, args.batch)))
         return
@@ -319,6 +338,12 @@ def main() -> None:
 
     def left() -> float:
         return args.budget - (time.monotonic() - started)
+
+    # What a user's own run would be let use: JAX's defaults, no memory-fraction variable.
+    defaults = {k: v for k, v in env.items() if k not in (
+        "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION")}
+    args.jax_default_limit = _child("--default-limit", None, args, defaults, min(120, left())).get("bytes_limit")
+    print(f"validate_gpu: JAX's default allocator limit here: {_gib(args.jax_default_limit)}", flush=True)
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         first = dict(zip(args.strategies, pool.map(

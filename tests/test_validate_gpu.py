@@ -33,6 +33,8 @@ def test_on_cpu_the_device_compiles_what_memprobe_estimates_and_each_row_is_writ
     assert rows[1]["on_device_estimate"] > rows[0]["on_device_estimate"]  # unrolled keeps more
     table = (tmp_path / "table.md").read_text()
     assert table.count("n/a (cpu has no memory_stats)") == 2
+    assert "JAX's default allocator limit here: n/a" in r.stdout  # probed; the CPU has none
+    assert "default allocator limit on this device" not in table
     assert f"{rows[0]['deviceless']:,} B" in table and "Command: `python bench/validate_gpu.py" in table
 
 
@@ -99,6 +101,10 @@ def test_the_table_checks_each_deviceless_verdict_against_the_device(tmp_path):
     assert "bore out the deviceless verdict for 2 of 2 strategies" in text
     assert "out of memory (allocator limit 76.37 GiB (82,000,000,000 B))" in text
     assert f"{measured / estimates.peaks[fits]:.3f}" in text and "not the chip" not in text
+    assert "default allocator limit" not in text  # not probed: nothing said
+    args.jax_default_limit = 64_139_340_000  # what JAX's defaults (75% of 80 GiB) would give
+    assert "(no memory-fraction variable set): 59.73 GiB (64,139,340,000 B), 76% of the deviceless capacity" \
+        in module.table(rows, args, estimates, started=0)
     # The same rows against the H200's estimates: every step fits there, so the refused
     # one is a verdict not borne out, and the table says the chips differ.
     args.estimates = str(ROOT / "reports" / "gemma4-e2b-seq8192-b1-h200-1.json")
