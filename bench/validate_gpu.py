@@ -175,9 +175,14 @@ class Estimates:
     def other_chip(self, device_kind: str | None) -> bool:
         """True where the device is not the chip the estimates were made for (e.g. an H100
         measured against H200 estimates): the ratios then compare two chips' programs."""
+        from memprobe.targets import GPU_KINDS
+
         if not device_kind or self.capacity is None:  # the CPU backend, or no device row yet
             return False
-        return self.target.lower() not in device_kind.lower().replace(" ", "")
+        # A target config is named by a device description, which a GPU reports as its kind
+        # in full or in short ("NVIDIA H200" for "NVIDIA H200 141GB HBM3e").
+        config = GPU_KINDS.get(self.target, self.target)
+        return not (config.startswith(device_kind) or device_kind.startswith(config))
 
 
 def deviceless_estimates(args) -> Estimates:
