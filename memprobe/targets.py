@@ -89,11 +89,19 @@ def _topology_kind(topology: str | None) -> str | None:
 # GPU targets: the compiler target configs (GpuTargetConfigProto, text format) that the
 # installed JAX CUDA plugin ships, by their device_description_str. The plugin is read,
 # not copied, so capacities and compiler parameters always match the compiler in use.
+# The data-center training GPUs among them; each was compiled for here (a tiny train step
+# under checkpoint and offload, tests/test_compile_gpu.py compiles one of each generation).
 GPU_KINDS: dict[str, str] = {
     "h100": "NVIDIA H100 80GB HBM3",
     "h200": "NVIDIA H200 141GB HBM3e",
     "b200": "NVIDIA B200",
     "a100": "NVIDIA A100-SXM4-80GB",
+    "b300": "NVIDIA B300",
+    "gb200": "NVIDIA GB200",
+    "gb300": "NVIDIA GB300",
+    "h100-pcie": "NVIDIA H100 PCIe",
+    "a100-40gb": "NVIDIA A100-SXM4-40GB",
+    "rtx-pro-6000": "NVIDIA RTX PRO 6000 Blackwell",
 }
 GPU_DEFAULT_DEVICES = 8
 GPU_EXTRA = "pip install -c constraints.txt -e '.[gpu]' (or ./scripts/setup.sh --gpu)"
@@ -218,12 +226,19 @@ def resolve_target(name: str, devices: int | None = None, topology: str | None =
 
 
 GPUS_PER_HOST = 8  # an HGX/DGX node
+# Grace-Blackwell racks (NVL72) hold 4 GPUs per compute tray, each tray its own host.
+GPU_HOST_SIZES: dict[str, int] = {"gb200": 4, "gb300": 4}
+
+
+def gpus_per_host(name: str) -> int:
+    return GPU_HOST_SIZES.get(name, GPUS_PER_HOST)
 
 
 def devices_per_host(platform: str, name: str, num_devices: int, topology: str | None) -> int | None:
     """How many of a slice's devices share one host (and so its RAM), by default: for TPU, as
     libtpu's compile-only topologies lay hosts out (2x2 chips, fewer along a shorter side;
-    real single-host slices such as an 8-chip v5e or v6e VM have more); for GPU, an 8-GPU node;
+    real single-host slices such as an 8-chip v5e or v6e VM have more); for GPU, an 8-GPU node
+    (a 4-GPU compute tray for GB200 and GB300);
     None for the CPU backend, which has no host memory space of its own."""
     if platform == "tpu":
         kind = TPU_KINDS.get(name)
@@ -233,7 +248,7 @@ def devices_per_host(platform: str, name: str, num_devices: int, topology: str |
         a, b = (int(d) for d in dims.group(1).split("x")[:2])
         return min(a, 2) * min(b, 2) * kind.devices_per_chip
     if platform == "cuda":
-        return min(num_devices, GPUS_PER_HOST)
+        return min(num_devices, gpus_per_host(name))
     return None
 
 

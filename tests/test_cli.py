@@ -295,7 +295,8 @@ def test_targets_and_strategies_as_json_for_scripts(tmp_path):
     t = memprobe("targets", "--format", "json")
     assert t.returncode == 0 and not t.stderr, t.stderr
     rows = {r["target"]: r for r in json.loads(t.stdout)}
-    assert list(rows) == ["tpu7x", "v6e", "v5p", "v5e", "v4", "h100", "h200", "b200", "a100", "cpu"]
+    assert list(rows) == ["tpu7x", "v6e", "v5p", "v5e", "v4", "h100", "h200", "b200", "a100", "b300", "gb200",
+                          "gb300", "h100-pcie", "a100-40gb", "rtx-pro-6000", "cpu"]
     assert rows["tpu7x"]["default"] and rows["tpu7x"]["default_topology"] == "tpu7x:2x2x1"
     assert rows["v5p"]["accelerator_type"] == "v5p-8" and rows["v5p"]["devices"] == 4
     assert rows["tpu7x"]["hbm_gib"] == 94.74 and rows["tpu7x"]["hbm_bytes"] == round(94.74 * 2**30)
@@ -304,6 +305,8 @@ def test_targets_and_strategies_as_json_for_scripts(tmp_path):
     if importlib.util.find_spec("jax_plugins.xla_cuda12"):  # read from the plugin's target configs
         assert rows["h100"]["hbm_bytes"] == 84_942_979_072 and rows["h200"]["hbm_bytes"] == 151_397_597_184
         assert rows["h100"]["available"]
+        # A Grace-Blackwell compute tray is the host of 4 GPUs; an HGX node of 8.
+        assert (rows["gb200"]["devices_per_host"], rows["b300"]["devices_per_host"]) == (4, 8)
     # Without libtpu the TPU rows are listed, and said not to compile here.
     code = ("import sys; sys.modules['libtpu'] = None; from memprobe.cli import main; "
             "sys.exit(main(['targets', '--format', 'json']))")

@@ -35,6 +35,26 @@ def test_h100_capacity_comes_from_the_plugins_target_config():
     assert resolve_target("b200").hbm_bytes == 191_514_411_008
 
 
+def test_every_gpu_target_reads_its_capacity_and_host_size_from_the_plugin():
+    from memprobe.targets import GPU_KINDS, devices_per_host, gpu_target_configs
+
+    configs = gpu_target_configs()
+    for name, description in GPU_KINDS.items():
+        t = resolve_target(name, 16)
+        assert t.gpu_config == description and t.hbm_bytes > 30 * 2**30 and description in configs
+        assert devices_per_host("cuda", name, 16, None) == (4 if name.startswith("gb") else 8)
+    assert resolve_target("B300").hbm_bytes == 297_021_865_984  # as the vendors write it
+    assert resolve_target("a100-40gb").hbm_bytes < resolve_target("a100").hbm_bytes
+
+
+def test_the_newest_generation_compiles_deviceless_too():
+    # Blackwell Ultra (B300, compute capability 10.3) needs the carried ptxas to know it.
+    [m] = jobs_for("tiny-e2b", resolve_target("b300", 1), seq=256, batch=1, strategies=("checkpoint",)).values()
+    r = compile_job(m)
+    assert r.ok and r.target == "b300" and r.capacity_bytes == 297_021_865_984, r.error
+    assert 0 < r.peak_bytes < r.capacity_bytes and r.fits is True
+
+
 def test_strategies_compile_deviceless_for_h100():
     r = gpu_results()
     for name in STRATEGIES:

@@ -23,7 +23,8 @@ Model = Annotated[str, typer.Option("--model", metavar="<name|file>", help="Mode
                                     "tiny-e2b, tiny-e4b, small-deep for quick trials; or a model file of your own "
                                     "(my-model.toml: a preset with some sizes changed, see docs/model.md).")]
 TARGET_NAMES = ("tpu7x, v6e, v5p, v5e, v4 (deviceless TPU; with its size as v5p:2x2x1 or as a Cloud TPU "
-                "accelerator type, v5p-8), h100, h200, b200, a100 (deviceless GPU: the gpu extra) or cpu")
+                "accelerator type, v5p-8), h100, h200, b200, b300, gb200, gb300, a100, h100-pcie, a100-40gb, "
+                "rtx-pro-6000 (deviceless GPU: the gpu extra) or cpu")
 TARGET_DEFAULT = f"Default: {DEFAULT_TARGET}, or the TPU kind that --topology names (v5p of v5p:2x2x1)."
 Target = Annotated[str | None, typer.Option("--target", metavar="<name>", help=f"{TARGET_NAMES}. {TARGET_DEFAULT}")]
 Targets = Annotated[str | None, typer.Option(

@@ -13,8 +13,8 @@ from rich.markup import escape
 from memprobe.render import ListFormat, terminal_width
 from memprobe.render.columns import Column, fitted_table
 from memprobe.errors import BadInput
-from memprobe.targets import (DEFAULT_TARGET, GPU_DEFAULT_DEVICES, GPU_EXTRA, GPU_KINDS, GPUS_PER_HOST, TPU_KINDS,
-                              devices_per_host, require_backend, resolve_target)
+from memprobe.targets import (DEFAULT_TARGET, GPU_DEFAULT_DEVICES, GPU_EXTRA, GPU_KINDS, TPU_KINDS,
+                              devices_per_host, gpus_per_host, require_backend, resolve_target)
 
 
 def list_targets(fmt: Annotated[ListFormat, typer.Option(
@@ -29,7 +29,8 @@ def list_targets(fmt: Annotated[ListFormat, typer.Option(
     caption = ("HBM: per device (GiB = 2^30 bytes); TPU: as the TPU compiler enforces it; GPU: "
                "device_memory_size of the target config the installed CUDA plugin ships (the GPU compiler "
                "does not enforce it). CPU figures do not stand for any accelerator. devices/host: how many "
-               "devices share one host's RAM by default, for --host-ram (TPU: as libtpu lays hosts out). "
+               "devices share one host's RAM by default, for --host-ram (TPU: as libtpu lays hosts out; GPU: "
+               "an 8-GPU node, or a 4-GPU tray for GB200 and GB300). "
                "accelerator type: the Cloud TPU name of the default slice, which --target takes too "
                "(v5p-256, v5litepod-16); it counts TensorCores, so v5p-8 and v4-8 are 4 devices.")
     columns = [Column("target", justify="left"), Column("default topology", justify="left"),
@@ -95,7 +96,7 @@ def target_rows() -> list[dict[str, Any]]:
             hbm, available = None, False
         rows.append(dict(target=name, platform="cuda", available=available, default=False, default_topology=None,
                          accelerator_type=None, devices=GPU_DEFAULT_DEVICES, devices_per_chip=1,
-                         devices_per_host=GPUS_PER_HOST, hbm_bytes=hbm,
+                         devices_per_host=gpus_per_host(name), hbm_bytes=hbm,
                          hbm_gib=None if hbm is None else round(hbm / 2**30, 2),
                          hbm_source="device_memory_size of the CUDA plugin's target config", description=description))
     rows.append(dict(target="cpu", platform="cpu", available=True, default=False, default_topology=None,
