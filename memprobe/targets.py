@@ -89,8 +89,8 @@ def _topology_kind(topology: str | None) -> str | None:
 # GPU targets: the compiler target configs (GpuTargetConfigProto, text format) that the
 # installed JAX CUDA plugin ships, by their device_description_str. The plugin is read,
 # not copied, so capacities and compiler parameters always match the compiler in use.
-# The data-center training GPUs among them; each was compiled for here (a tiny train step
-# under checkpoint and offload, tests/test_compile_gpu.py compiles one of each generation).
+# The NVIDIA training GPUs among them; a tiny train step under checkpoint and offload was
+# compiled for each here (tests/test_compile_gpu.py compiles for h100 and b300).
 GPU_KINDS: dict[str, str] = {
     "h100": "NVIDIA H100 80GB HBM3",
     "h200": "NVIDIA H200 141GB HBM3e",
