@@ -1,14 +1,17 @@
 """bench/validate_gpu.py, the measured-vs-estimated script, run here on the CPU backend.
 
 The measured column needs a GPU; what can be checked here is that the script builds and
-runs the very program memprobe estimates, writes its rows as they finish, and refuses
-estimates made for another configuration.
+runs the very program memprobe estimates, writes its rows as they finish, refuses
+estimates made for another configuration, tells an allocator's refusal from other errors,
+and checks each deviceless verdict against what a device reports.
 """
 
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "validate_gpu.py"
@@ -71,15 +74,13 @@ def test_running_out_of_device_memory_is_told_from_other_failures():
     import jax.numpy as jnp
 
     module = _script()
-    try:
+    with pytest.raises(Exception) as refusal:  # noqa: PT011 - whatever type this jaxlib raises
         jax.block_until_ready(jax.jit(lambda: jnp.ones((2**42,), jnp.float32))())
-    except Exception as e:  # noqa: BLE001
-        refusal = e
-    assert module.out_of_memory(refusal).startswith("RESOURCE_EXHAUSTED: Out of memory")
+    assert module.out_of_memory(refusal.value).startswith("RESOURCE_EXHAUSTED: Out of memory")
     assert module.out_of_memory(ValueError("shapes do not match")) is None
 
 
-def test_the_table_checks_each_deviceless_verdict_against_the_device(tmp_path):
+def test_the_table_checks_each_deviceless_verdict_against_the_device():
     # The committed one-H100 estimates, and what an H100 reports for two steps: one the
     # estimate says fits ran, one it says does not fit was refused by the allocator.
     module = _script()
@@ -102,8 +103,8 @@ def test_the_table_checks_each_deviceless_verdict_against_the_device(tmp_path):
     assert "out of memory (allocator limit 76.37 GiB (82,000,000,000 B))" in text
     assert f"{measured / estimates.peaks[fits]:.3f}" in text and "not the chip" not in text
     assert "default allocator limit" not in text  # not probed: nothing said
-    args.jax_default_limit = 64_139_340_000  # what JAX's defaults (75% of 80 GiB) would give
-    assert "(no memory-fraction variable set): 59.73 GiB (64,139,340,000 B), 76% of the deviceless capacity" \
+    args.jax_default_limit = 64_140_607_488  # JAX's default 75% of an H100's 81,559 MiB
+    assert "(no memory-fraction variable set): 59.74 GiB (64,140,607,488 B), 76% of the deviceless capacity" \
         in module.table(rows, args, estimates, started=0)
     # The same rows against the H200's estimates: every step fits there, so the refused
     # one is a verdict not borne out, and the table says the chips differ.
