@@ -17,7 +17,7 @@ from memprobe.cache import ResultCache
 from memprobe.compile import (DEFAULT_TIMEOUT_S, check_devices, check_run, compile_environment, compile_jobs,
                               default_host_cap, default_parallel, explain_isolated, map_stoppable)
 from memprobe.errors import BadInput, unknown
-from memprobe.gate import CHECK_SCHEMA, Checked, Tolerance, judge_saved, limits, load_baseline, load_current, recheck
+from memprobe.gate import CHECK_SCHEMA, Checked, Tolerance, check_saved, limits, load_baseline, recheck
 from memprobe.liveness import EXPLAIN_SCHEMA, Explained, Explanation
 from memprobe.measure import Measurement
 from memprobe.plan import DEFAULT_MODEL, CompileJob, Optimizer, ParamDtype, Plan, Step, job_labels, make_plan, sweep
@@ -191,9 +191,7 @@ def check(baseline: str | Path, *, tolerance: str | Tolerance = "2%", max_peak: 
     match the baseline's."""
     tol, budget = limits(tolerance, max_peak)
     if current is not None:
-        base = load_baseline(Path(baseline), allow_version_drift=True)
-        where, now = ("current", current) if isinstance(current, Result) else load_current(current)
-        return judge_saved(base, baseline, now, where, tol, budget, allow_version_drift)
+        return check_saved(baseline, current, tol, budget, allow_version_drift)
     base = load_baseline(Path(baseline), allow_version_drift)
     return recheck(base, Path(baseline), tol, budget,
                    lambda plans: run(plans, jobs=jobs, timeout_s=timeout_s, cache=cache,

@@ -214,6 +214,16 @@ def judge_saved(base: Result, where: Path | str, current: Result, current_where:
     return checked
 
 
+def check_saved(baseline: Path | str, current: str | Path | Sequence[str | Path] | Result, tolerance: Tolerance,
+                max_peak: int | None, allow_version_drift: bool = False) -> Checked:
+    """`check --current`: the baseline file read, ``current`` (result files merged as one, or
+    a ``Result``) read, and judged by ``judge_saved``. The baseline's versions are compared
+    with the current result's, not with this machine's."""
+    base = load_baseline(Path(baseline), allow_version_drift=True)
+    where, now = ("current", current) if isinstance(current, Result) else load_current(current)
+    return judge_saved(base, baseline, now, where, tolerance, max_peak, allow_version_drift)
+
+
 class Checked(list):
     """The gate's answer: one ``Verdict`` per strategy (a plain list of them, as it always
     was), with the tolerance, budget and baseline they were judged by, so that it prints

@@ -109,10 +109,10 @@ def test_the_table_checks_each_deviceless_verdict_against_the_device():
     # The same rows against the H200's estimates: every step fits there, so the refused
     # one is a verdict not borne out, and the table says the chips differ.
     args.estimates = str(ROOT / "reports" / "gemma4-e2b-seq8192-b1-h200-1.json")
-    text = module.table(rows, args, module.deviceless_estimates(args), started=0)
+    h200 = module.deviceless_estimates(args)
+    text = module.table(rows, args, h200, started=0)
     assert "for 1 of 2 strategies" in text and "fits (**not borne out**)" in text
     assert "is not the chip the estimates are for (h200)" in text
     # An H200 reports its kind in short; an H100 PCIe is not the H100 of the estimates.
-    h200 = module.deviceless_estimates(args)
     assert not h200.other_chip("NVIDIA H200") and h200.other_chip("NVIDIA H100 80GB HBM3")
     assert not estimates.other_chip(device) and estimates.other_chip("NVIDIA H100 PCIe")

@@ -21,7 +21,7 @@ from memprobe.cli._output import check_writable, command_line, messages, output_
 from memprobe.cli.compare import check_run_options, run_plans
 from memprobe.compile import DEFAULT_TIMEOUT_S
 from memprobe.errors import BadInput
-from memprobe.gate import configuration, judge_saved, limits, load_baseline, load_current, recheck
+from memprobe.gate import check_saved, configuration, limits, load_baseline, recheck
 from memprobe.render import CheckFormat
 
 
@@ -75,11 +75,9 @@ def check(
     check_writable(output)
     fmt = output_format(fmt, output, CheckFormat, CheckFormat.TABLE, charts=False)
     if current is not None:
-        # The baseline's versions are compared with the current result's, not with this machine's.
-        base, (where, now) = load_baseline(baseline, allow_version_drift=True), load_current(current)
-        verdicts = judge_saved(base, baseline, now, where, tol, budget, allow_version_drift)
+        verdicts = check_saved(baseline, current, tol, budget, allow_version_drift)
         if verdicts.unjudged:
-            messages().print(f"memprobe: {where}: not in the baseline, so not judged: " + ", ".join(
+            messages().print(f"memprobe: {verdicts.current}: not in the baseline, so not judged: " + ", ".join(
                 f"{m.strategy} ({configuration(m)})" for m in verdicts.unjudged), markup=False)
     else:
         base = load_baseline(baseline, allow_version_drift)
