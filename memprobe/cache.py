@@ -48,13 +48,14 @@ from memprobe.model_file import is_preset
 from memprobe.plan import CompileJob
 
 FORMAT = 1
-# What an explain record holds, by version: 9 a scan's stacks named after what is stacked, a
+# What an explain record holds, by version: 10 libtpu's log of the HBM heap (its size and
+# fragmentation) kept beside the dump's reading; 9 a scan's stacks named after what is stacked, a
 # loop's outputs after what its body passes on; 8 values of called computations (call, async)
 # named through their callers; 7 loop carries and the step's own scopes named; 6 the host
 # buffers listed, the host allocations summed; 5 host memory (space 5) read too, its curve
 # sampled; 4 the curve is (position, HBM bytes live); 3 HBM only, shared addresses once, the
 # peak split (1: the live-range file's own peak).
-EXPLAIN_FORMAT = 9
+EXPLAIN_FORMAT = 10
 _PACKAGE = Path(__file__).resolve().parent
 # The sources that build the program. The strategy enters the key by its knobs as
 # compiled; how a record is read from the compiler is covered by FORMAT.

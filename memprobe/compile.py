@@ -202,6 +202,28 @@ def explain_job(job: CompileJob, within: str | None = None) -> tuple[Measurement
         return m, explain_dump(Path(dump)).to_dict()
 
 
+def libtpu_log_environment(folder: str) -> dict[str, str]:
+    """What an explain compile process for a TPU target adds to its environment: libtpu's
+    info log (where it accounts for the HBM heap, see ``liveness.parse_libtpu_heap``) goes to
+    files in ``folder`` (made here: libtpu writes no log into a folder that is not there),
+    never to the terminal (stderr stays at warnings). libtpu writes that log out when the
+    process ends (not within 40 s of a compile, even with --logbuflevel=-1), so the parent
+    reads it (``read_libtpu_heap``)."""
+    os.makedirs(folder, exist_ok=True)
+    return {"TPU_MIN_LOG_LEVEL": "0", "TPU_LOG_DIR": folder}
+
+
+def read_libtpu_heap(folder: str) -> dict | None:
+    """libtpu's account of the HBM heap from the info log an ended compile process left in
+    ``folder``; None where there is none."""
+    from memprobe.liveness import LIBTPU_LOG, parse_libtpu_heap
+
+    try:
+        return parse_libtpu_heap(Path(folder, LIBTPU_LOG).read_text(errors="replace"))
+    except OSError:
+        return None
+
+
 def _exit_with_parent(parent: int) -> None:
     """Ends this compile process within a second of memprobe's (pid ``parent``) own end,
     however that came (``kill -9``, the out-of-memory killer): the compile runs in a session
@@ -442,11 +464,14 @@ def _isolated(job: CompileJob, mode: str, timeout_s: float, tick: Callable[[floa
         job_path, result_path, log_path = (os.path.join(tmp, n) for n in ("job.pkl", "result.json", "compile.log"))
         with open(job_path, "wb") as f:
             pickle.dump(job, f)
+        libtpu_log = os.path.join(tmp, "libtpu-log") if mode == "explain" and job.target.platform == "tpu" else None
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "memprobe.compile", job_path, result_path, mode, str(os.getpid())],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env={**compile_environment(job.target), **WORKER_LOG_LEVELS}, start_new_session=True,
+                env={**compile_environment(job.target), **WORKER_LOG_LEVELS,
+                     **(libtpu_log_environment(libtpu_log) if libtpu_log else {})},
+                start_new_session=True,
             )
             start = time.monotonic()
             try:
@@ -478,6 +503,8 @@ def _isolated(job: CompileJob, mode: str, timeout_s: float, tick: Callable[[floa
                 reply = json.load(f)
             seconds = round(time.monotonic() - start, 3)
             if reply["status"] == "ok":
+                if libtpu_log and reply.get("explanation"):
+                    reply["explanation"]["libtpu_heap"] = read_libtpu_heap(libtpu_log)
                 return {**reply, "seconds": seconds}
             if reply["status"] == "bad_input":
                 raise BadInput(reply["error"])

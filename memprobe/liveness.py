@@ -27,6 +27,9 @@ the device's on-chip memory spaces (VMEM, SMEM: ``onchip_bytes``). On TPU,
 ``memory_analysis().temp_size_in_bytes`` exceeds the heap and the constants, but not always
 the on-chip memory too (a small program can have more VMEM than that excess): the render
 splits the peak by the HBM figures and names the on-chip memory apart (render/explain.py).
+That excess is no buffer: libtpu's own log of the compile shows temp to be its heap plus
+what it calls the heap's fragmentation (``parse_libtpu_heap``), which an explain compile
+process for a TPU target keeps (compile.py).
 
 Host memory (memory space 5, where offload puts bytes; the TPU dump's memory report calls
 it ``cmem``, but its allocations add up to ``host_temp_size_in_bytes`` to the byte, 153.75
@@ -158,6 +161,9 @@ class Explanation:
     # Whether buffers were named by the step's scopes and loop carries by what their body
     # passes on (EXPLAIN_FORMAT 7); False in answers stored before.
     names_loops: bool = False
+    # libtpu's own account of the program's HBM heap, from its log of this compile
+    # (``libtpu_heap``); None for other compilers, and in answers stored before.
+    libtpu_heap: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -177,6 +183,42 @@ class Explanation:
         return cls(**{**d, "buffers": buffers(d["buffers"]), "curve": [tuple(p) for p in d["curve"]],
                       "host_curve": [tuple(p) for p in d.get("host_curve", ())],
                       "host_buffers": None if host is None else buffers(host)})
+
+
+# --- libtpu's log: its own account of the HBM heap ------------------------------------
+
+# After each compile libtpu logs (at info level, into the files under $TPU_LOG_DIR) what the
+# program needs per memory space. Its HBM block has the heap's line, sizes as it rounds them:
+#   Program hbm requirement 81.97G:
+#       HLO temp         81.86G (100.0% utilization: Unpadded (57.56G) Padded (57.57G), 29.7% fragmentation (24.29G))
+# memory_analysis()'s temp is that HLO temp plus that fragmentation, to the log's rounding, on
+# every TPU program measured (libtpu 0.0.50.1: tiny E2B on v5e, v5p, v6e and tpu7x, full-size
+# E2B scan-checkpoint at seq 24576 x 8 on tpu7x): the temp the buffer assignment places
+# nowhere is the fragmentation, counted a second time. K, M, G are KiB, MiB, GiB (the
+# heap's line matches the buffer assignment's heap in those units).
+LIBTPU_LOG = "tpu_driver.INFO"  # the newest info log, linked by libtpu under $TPU_LOG_DIR
+_HEAP_LINE = re.compile(r"^\s+HLO temp\s+([\d.]+)([KMG]?)B?\s.*?\bfragmentation \(([\d.]+)([KMG]?)B?\)")
+_LOG_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def parse_libtpu_heap(log: str) -> dict[str, Any] | None:
+    """The HBM heap's size and fragmentation from the last HBM block of a libtpu info log:
+    as printed ("81.86G") and in bytes (exact only to that rounding); None without one."""
+    found = None
+    in_hbm = False
+    for line in log.splitlines():
+        if "Program " in line and " requirement " in line:
+            in_hbm = "Program hbm requirement" in line
+        elif in_hbm and (m := _HEAP_LINE.match(line)):
+            found, in_hbm = m.groups(), False
+    if found is None:
+        return None
+    heap, heap_unit, frag, frag_unit = found
+    return {"hlo_temp": heap + heap_unit, "fragmentation": frag + frag_unit,
+            "hlo_temp_bytes": round(float(heap) * _LOG_UNITS[heap_unit]),
+            "fragmentation_bytes": round(float(frag) * _LOG_UNITS[frag_unit]),
+            # one unit of the last printed digit, each: how far their sum may be off
+            "rounding_bytes": (_LOG_UNITS[heap_unit] + _LOG_UNITS[frag_unit]) // 100}
 
 
 # --- the optimized HLO: instructions, and what while loops carry -----------------------

@@ -14,7 +14,7 @@ import pytest
 from conftest import jobs_for
 from memprobe.compile import explain_job
 from memprobe.liveness import (Buffer, Explained, Explanation, diff, explain_dump, name_buffer, parse_assignment,
-                               parse_hlo, parse_live_range, sweep)
+                               parse_hlo, parse_libtpu_heap, parse_live_range, sweep)
 from memprobe.measure import Measurement
 from memprobe.model import PRESETS
 from memprobe.render.explain import curve_chart, diff_notes, explain_notes, host_frame, host_notes, write
@@ -434,6 +434,41 @@ def test_the_widest_activation_is_listed_first_with_its_shape_and_size(explained
         assert other < 0.01 * e["peak_live_bytes"], other
 
 
+def test_temp_placed_nowhere_is_the_heap_fragmentation_libtpu_logs(explained):
+    # libtpu's own log of each compile gives its HBM heap ("HLO temp") and what it calls the
+    # heap's fragmentation; memory_analysis()'s temp is the two added, to the log's rounding,
+    # so the part of the peak the buffer assignment places nowhere is that fragmentation.
+    data, _, _ = explained
+    for s in data["strategies"]:
+        e, m = s["explanation"], s["measurement"]
+        log = e["libtpu_heap"]
+        assert log is not None and log["fragmentation_bytes"] > 0
+        assert abs(m["temp_bytes"] - log["hlo_temp_bytes"] - log["fragmentation_bytes"]) <= log["rounding_bytes"]
+        # its heap is the buffer assignment's, within 1%,
+        assert abs(log["hlo_temp_bytes"] - e["heap_bytes"]) <= 0.01 * e["heap_bytes"]
+        # and its fragmentation is what the split leaves placed nowhere, to within the constants
+        # (which the split takes as part of temp) and the log's rounding.
+        assert abs(s["peak_parts"]["unplaced_temp"] - log["fragmentation_bytes"]) <= (e["fixed_bytes"]
+                                                                                     + log["rounding_bytes"])
+
+
+def test_libtpu_heap_is_read_from_the_hbm_block_of_the_last_compile():
+    log = """I1208 01:17:01.212219 26971 deepsea_compiler_backend.cc:2305] Program sflag requirement 244B:
+    HLO temp             4B (100.0% utilization: Unpadded (4B) Padded (4B), 0.0% fragmentation (0B))
+Program hbm requirement 153.81M:
+    HLO temp        152.09M (100.0% utilization: Unpadded (136.00M) Padded (136.00M), 10.6% fragmentation (16.09M))
+    overlays          1.72M
+Program vmem requirement 25.22M:
+    HLO temp         10.00M (0.0% utilization: Unpadded (0B) Padded (0B), 100.0% fragmentation (10.00M))
+"""
+    first = parse_libtpu_heap(log)
+    assert first == {"hlo_temp": "152.09M", "fragmentation": "16.09M", "hlo_temp_bytes": round(152.09 * 2**20),
+                     "fragmentation_bytes": round(16.09 * 2**20), "rounding_bytes": 2 * 2**20 // 100}
+    later = log + log.replace("153.81M", "81.97G").replace("152.09M", "81.86G").replace("(16.09M)", "(24.29G)")
+    assert parse_libtpu_heap(later)["fragmentation"] == "24.29G"  # the last block: this compile's
+    assert parse_libtpu_heap(log.split("Program hbm")[0]) is None  # no HBM block, no answer
+
+
 def test_diff_puts_the_difference_on_the_saved_activations(explained):
     data, _, chart = explained
     a, b = (s["measurement"]["peak_bytes"] for s in data["strategies"])
@@ -457,6 +492,8 @@ def test_second_explain_answers_from_the_cache(explained):
     line = next(x for x in r.stdout.splitlines() if "XLA's own peak (peak_memory_in_bytes)" in x)
     assert f"({m['xla_peak_bytes']:,} bytes)" in line
     assert f"({m['xla_peak_bytes'] - e['peak_live_bytes']:+,} bytes) against the HBM live" in line
+    # The cached answer keeps libtpu's account of the heap, and the notes say what it shows.
+    assert "libtpu's log of this compile: HLO temp " in r.stdout and "counted a second time" in r.stdout
     # Like every export, the markdown names the compiler stack it came from.
     assert f"libtpu {data['strategies'][0]['measurement']['versions']['libtpu']}" in r.stdout
 

@@ -276,6 +276,25 @@ def _what_note(names_loops: bool) -> str:
             f"argument. Buffers whose instruction has no op name take their source's{loops}.")
 
 
+def _libtpu_heap_note(m: Measurement, e: Explanation) -> list[str]:
+    """What libtpu's own log says of the heap, and whether temp is its heap plus its
+    fragmentation (to the log's rounding): then the temp placed nowhere is that fragmentation
+    counted again (see ``liveness.parse_libtpu_heap``)."""
+    log = e.libtpu_heap
+    if not log:
+        return []
+    total = log["hlo_temp_bytes"] + log["fragmentation_bytes"]
+    said = (f"libtpu's log of this compile: HLO temp {log['hlo_temp']}, of which it calls {log['fragmentation']} "
+            f"fragmentation (K, M, G: KiB, MiB, GiB). ")
+    if abs(m.temp_bytes - total) <= log["rounding_bytes"]:
+        return [said + f"Temp ({_amount(m.temp_bytes)}) is the two added, to the log's rounding: the fragmentation "
+                "is counted a second time. That second count, held by no buffer, is the temp the buffer assignment "
+                f"places nowhere (to within the constants' {_amount(e.fixed_bytes)}), and the compiler's fit check "
+                "counts it."]
+    return [said + f"Those two add up to {_amount(total)}, not to temp ({_amount(m.temp_bytes)}), even to the "
+            "log's rounding."]
+
+
 def explain_notes(m: Measurement, e: Explanation, command: str | None = None) -> list[str]:
     parts = peak_parts(m, e)
     rest = "; ".join(f"{PART_NAMES[k]} {_amount(parts[k])}" for k in ("heap_gaps", "unplaced_temp", "not_live"))
@@ -285,6 +304,7 @@ def explain_notes(m: Measurement, e: Explanation, command: str | None = None) ->
            f"temporary heap ({_amount(e.heap_bytes)}, as far as its placement of values reaches) and the rest "
            "arguments, outputs and constants.",
            f"The rest of the peak is not a buffer live in {_memory(m)} there: {rest}.",
+           *_libtpu_heap_note(m, e),
            *([f"Beside it, {ONCHIP_NOTE}: {_amount(e.onchip_bytes)}."] if e.onchip_bytes else []),
            *_xla_peak_note(m, e),
            *_host_note(e),
