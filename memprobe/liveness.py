@@ -218,7 +218,14 @@ def parse_libtpu_heap(log: str) -> dict[str, Any] | None:
             "hlo_temp_bytes": round(float(heap) * _LOG_UNITS[heap_unit]),
             "fragmentation_bytes": round(float(frag) * _LOG_UNITS[frag_unit]),
             # one unit of the last printed digit, each: how far their sum may be off
-            "rounding_bytes": (_LOG_UNITS[heap_unit] + _LOG_UNITS[frag_unit]) // 100}
+            "rounding_bytes": round(_last_digit(heap) * _LOG_UNITS[heap_unit]
+                                    + _last_digit(frag) * _LOG_UNITS[frag_unit])}
+
+
+def _last_digit(number: str) -> float:
+    """What one unit of a printed number's last digit is worth: 0.01 for "81.86", 0.1 for
+    "585.6" (libtpu prints K sizes so), 1 for "4"."""
+    return 10.0 ** -len(number.partition(".")[2])
 
 
 # --- the optimized HLO: instructions, and what while loops carry -----------------------

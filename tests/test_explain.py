@@ -463,7 +463,11 @@ Program vmem requirement 25.22M:
 """
     first = parse_libtpu_heap(log)
     assert first == {"hlo_temp": "152.09M", "fragmentation": "16.09M", "hlo_temp_bytes": round(152.09 * 2**20),
-                     "fragmentation_bytes": round(16.09 * 2**20), "rounding_bytes": 2 * 2**20 // 100}
+                     "fragmentation_bytes": round(16.09 * 2**20), "rounding_bytes": round(0.02 * 2**20)}
+    # A K size comes with one decimal, a byte count with none: the rounding follows what is printed.
+    small = parse_libtpu_heap(log.replace("152.09M", "585.6K").replace("(16.09M)", "(4B)"))
+    assert (small["hlo_temp_bytes"], small["fragmentation_bytes"], small["rounding_bytes"]) == (
+        round(585.6 * 1024), 4, round(0.1 * 1024 + 1))
     later = log + log.replace("153.81M", "81.97G").replace("152.09M", "81.86G").replace("(16.09M)", "(24.29G)")
     assert parse_libtpu_heap(later)["fragmentation"] == "24.29G"  # the last block: this compile's
     assert parse_libtpu_heap(log.split("Program hbm")[0]) is None  # no HBM block, no answer
